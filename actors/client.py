@@ -1,0 +1,89 @@
+"""ClientActor: hosts a shard of logical clients — their data, their estimator state — and runs
+the algorithm's client step for those selected in a round. Only (Reply, Cost) leaves the actor."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+
+from raysim.config import load_config
+from raysim.contract import ClientData
+from raysim.data import FederatedData, read_clients
+from raysim.experiment import make_algorithm
+from raysim.models import DTYPES
+from raysim.rng import stream
+from raysim.system import SystemModel
+
+
+@dataclass
+class ShardResult:
+    """What a shard sends back for a round: per-client costs and sampled compute times, and the
+    replies — one pre-reduced reply of the clients within the deadline when the server asked for it."""
+
+    clients: list[int]
+    costs: list
+    compute_times: list[float]
+    replies: list
+    reduced: bool
+    real_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class ClientShard:
+    """The actor's logic without Ray, so the same code runs in-process in tests."""
+
+    def __init__(self, config: dict, data: dict, clients: list[int], torch_threads: int = 1,
+                 cuda_memory_fraction: float | None = None, algorithm_cls: type | None = None):
+        torch.set_num_threads(torch_threads)
+        device = "cpu"
+        if cuda_memory_fraction is not None and torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
+            device = "cuda"
+        self.cfg = load_config(config)
+        self.fed = FederatedData.from_dict(data)
+        self.algo = make_algorithm(self.cfg, self.fed, device, algorithm_cls)
+        dtype = DTYPES[self.cfg.model.dtype]
+        self.data = {
+            c: ClientData(c, torch.tensor(x, dtype=dtype, device=device), torch.tensor(y, device=device))
+            for c, (x, y) in read_clients(self.fed.train_path, clients).items()
+        }
+        self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
+        self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
+
+    def ready(self) -> int:
+        return len(self.data)
+
+    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool) -> ShardResult:
+        """Run `clients`' step for `round`; sleep their sampled time under `clock: real`."""
+        t0 = time.perf_counter()
+        datas = [self.data[c] for c in clients]
+        states = [self.states[c] for c in clients]
+        rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
+        if self.cfg.algorithm.vectorize:
+            outs = self.algo.step_many(states, datas, broadcast, rngs)
+        else:
+            outs = [self.algo.step(s, d, broadcast, r) for s, d, r in zip(states, datas, rngs)]
+        replies = [o[0] for o in outs]
+        costs = [o[2] for o in outs]
+        for c, o in zip(clients, outs):
+            self.states[c] = o[1]
+        times = [self.system.client_compute_time(round, c, cost) for c, cost in zip(clients, costs)]
+        clock = self.cfg.system.clock
+        if clock.mode == "real":
+            time.sleep(max(times) * clock.time_scale)
+        if reduce:
+            deadline = self.cfg.system.stragglers.deadline
+            kept = [r for r, t in zip(replies, times) if deadline is None or t <= deadline]
+            replies = [self.algo.reduce(kept)] if kept else []
+        return ShardResult(clients, costs, times, replies, reduce, time.perf_counter() - t0)
+
+    def get_states(self, clients: list[int]) -> dict[int, Any]:
+        return {c: self.states[c] for c in clients}
+
+
+@ray.remote
+class ClientActor(ClientShard):
+    """A Ray actor around ClientShard; placed with a CPU share or a fractional GPU (actors/placement.py)."""

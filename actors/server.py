@@ -1,0 +1,148 @@
+"""ServerActor: drives synchronized rounds — plan, broadcast once, collect shard results, drop
+stragglers, aggregate, sample the system model, evaluate — and hands the driver one row a round."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from raysim.actors.client import ClientActor, ShardResult
+from raysim.actors.placement import client_resources
+from raysim.config import load_config
+from raysim.contract import EvalData
+from raysim.data import FederatedData, read_table_arrays
+from raysim.experiment import make_algorithm
+from raysim.models import DTYPES
+from raysim.rng import SERVER, SETUP, stream
+from raysim.system import Ledger, SystemModel
+
+
+def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int) -> EvalData:
+    """The test set and a seeded sample of at most `train_samples` pooled training samples."""
+    tx, ty = read_table_arrays(fed.test_path)
+    x, y = read_table_arrays(fed.train_path)
+    if len(y) > train_samples:
+        keep = np.sort(stream(seed, SETUP, SERVER, "eval_train").choice(len(y), train_samples, replace=False))
+        x, y = x[keep], y[keep]
+    return EvalData(torch.tensor(tx, dtype=dtype), torch.tensor(ty), torch.tensor(x, dtype=dtype), torch.tensor(y))
+
+
+class Server:
+    """The server's round logic; `ServerActor` runs it in its own process."""
+
+    def __init__(self, config: dict, data: dict, algorithm_cls: type | None = None):
+        torch.set_num_threads(1)
+        self.config_tree = config
+        self.cfg = load_config(config)
+        self.fed = FederatedData.from_dict(data)
+        self.algorithm_cls = algorithm_cls
+        self.algo = make_algorithm(self.cfg, self.fed, "cpu", algorithm_cls)
+        self.state = self.algo.init()
+        self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
+        self.ledger = Ledger()
+        self.eval = eval_data(self.fed, DTYPES[self.cfg.model.dtype], self.cfg.eval.train_samples, self.cfg.seed)
+        self.actors: list = []
+        self.per_actor = 1
+
+    def start(self) -> dict:
+        """Create the client actors (each reads only its clients' rows) and wait until all are ready."""
+        t0 = time.perf_counter()
+        res = ray.cluster_resources()
+        n_actors, self.per_actor = self.cfg.actor_layout(int(res.get("CPU", 1)))
+        r = client_resources(self.cfg.cluster, n_actors, res.get("CPU", 1), res.get("GPU", 0))
+        if n_actors * r.num_cpus > res.get("CPU", 1) + 1e-9:
+            raise ValueError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
+                             f" cluster's {res.get('CPU', 1):g} CPUs; the actors could never all start")
+        concurrency = self.per_actor if self.cfg.system.clock.mode == "real" else 1
+        n = self.fed.num_clients
+        for i in range(n_actors):
+            clients = list(range(i * self.per_actor, min(n, (i + 1) * self.per_actor)))
+            actor = ClientActor.options(**r.options(), max_concurrency=concurrency).remote(
+                self.config_tree, self.fed.to_dict(), clients, r.torch_threads, r.cuda_memory_fraction,
+                self.algorithm_cls)
+            self.actors.append(actor)
+        ray.get([a.ready.remote() for a in self.actors])
+        return {"actors": n_actors, "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
+                "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "actors_s": time.perf_counter() - t0}
+
+    def _dispatch(self, round: int, clients: np.ndarray, bref, reduce: bool) -> dict:
+        """Send each shard its clients (one call per client under `clock: real`); ref -> its clients."""
+        by_actor: dict[int, list[int]] = {}
+        for c in clients.tolist():
+            by_actor.setdefault(c // self.per_actor, []).append(c)
+        if self.cfg.system.clock.mode == "real":
+            return {self.actors[a].train.remote(round, [c], bref, False): [c] for a, cs in by_actor.items() for c in cs}
+        return {self.actors[a].train.remote(round, cs, bref, reduce): cs for a, cs in by_actor.items()}
+
+    def _collect(self, refs: dict, keep: int | None) -> tuple[list[ShardResult], set[int]]:
+        """All shard results (virtual clock), or those that arrived in real time (deadline, first `keep`)."""
+        if self.cfg.system.clock.mode == "virtual":
+            return ray.get(list(refs)), set()
+        clock, strag = self.cfg.system.clock, self.cfg.system.stragglers
+        timeout = None if strag.deadline is None else strag.deadline * clock.time_scale
+        ready, late = ray.wait(list(refs), num_returns=keep or len(refs), timeout=timeout)
+        return ray.get(ready), {c for ref in late for c in refs[ref]}
+
+    def run_round(self, round: int) -> tuple[dict, list[dict]]:
+        """One synchronized round; returns the results row and the per-client rows."""
+        t0 = time.perf_counter()
+        plan = self.algo.plan(self.state, round, stream(self.cfg.seed, round, SERVER, "plan"))
+        clients = np.asarray(plan.clients, dtype=np.int64)
+        over = self.cfg.system.stragglers.over_select
+        keep = self.cfg.algorithm.clients_per_round if over > 0 else None
+        reduce = self.algo.reducible and keep is None and self.cfg.system.clock.mode == "virtual"
+        results: list[ShardResult] = []
+        late: set[int] = set()
+        if len(clients):
+            refs = self._dispatch(round, clients, ray.put(plan.broadcast), reduce)
+            results, late = self._collect(refs, keep)
+        by_client = {c: (r, i) for r in results for i, c in enumerate(r.clients)}
+        arrived = np.array([c for c in clients.tolist() if c in by_client], dtype=np.int64)
+        costs = [by_client[c][0].costs[by_client[c][1]] for c in arrived.tolist()]
+        times = np.array([by_client[c][0].compute_times[by_client[c][1]] for c in arrived.tolist()])
+        if self.cfg.system.clock.mode == "real":  # what arrived in real time is kept; the rest is `late`
+            dropped = np.zeros(len(arrived), dtype=bool)
+        else:
+            dropped, _ = self.system.stragglers(arrived, times, keep)
+        if reduce:
+            replies = [rep for r in results for rep in r.replies]
+        else:
+            kept = {c for c, d in zip(arrived.tolist(), dropped) if not d}
+            replies = [by_client[c][0].replies[by_client[c][1]] for c in arrived.tolist() if c in kept]
+        self.state, server_cost = self.algo.aggregate(self.state, replies, stream(self.cfg.seed, round, SERVER, "aggregate"))
+        server_time = self.system.server_compute_time(round, server_cost)
+        timing = self.system.close_round(round, arrived, times, costs, server_cost, server_time, dropped)
+        totals = self.ledger.add(timing, costs, server_cost)
+        last = round == self.cfg.algorithm.rounds
+        metrics = self.algo.evaluate(self.state, self.eval) if (round % self.cfg.eval.every == 0 or last) else {}
+        lost = sorted(late)
+        row = {
+            "round": round,
+            "clients": int(len(arrived) - dropped.sum()),
+            "selected": int(len(clients)),
+            "dropped": int(dropped.sum()) + len(lost),
+            **totals,
+            "round_sim_time": timing.round_time,
+            "round_wall_s": time.perf_counter() - t0,
+            **metrics,
+        }
+        client_rows = [
+            {"round": round, "client_id": c, "oracle_calls": cost.oracle_calls,
+             "upload_bytes": 0 if d else cost.upload_bytes, "compute_time": float(timing.compute_time[i]),
+             "upload_time": float(timing.upload_time[i]), "finish_time": float(timing.finish_time[i]),
+             "dropped": bool(d)}
+            for i, (c, cost, d) in enumerate(zip(arrived.tolist(), costs, timing.dropped))
+        ] + [{"round": round, "client_id": c, "oracle_calls": 0, "upload_bytes": 0, "compute_time": np.nan,
+              "upload_time": 0.0, "finish_time": np.nan, "dropped": True} for c in lost]
+        return row, client_rows
+
+    def get_state(self) -> Any:
+        return self.state
+
+
+@ray.remote(num_cpus=0)
+class ServerActor(Server):
+    """The server in its own Ray process, so the driver only receives the results rows."""

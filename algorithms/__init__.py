@@ -1,0 +1,2 @@
+"""Built-in algorithm families; importing this package registers them."""
+from raysim.algorithms import fedavg  # noqa: F401

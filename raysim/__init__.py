@@ -1,0 +1,15 @@
+"""raysim: a Ray-based simulation cluster for federated optimization research."""
+from raysim.config import ConfigError, ExperimentConfig, load_config
+from raysim.contract import Algorithm, ClientData, Context, Cost, EvalData, Plan
+from raysim.registry import register_algorithm
+from raysim.results import RunResult
+
+__all__ = ["Algorithm", "ClientData", "ConfigError", "Context", "Cost", "EvalData", "ExperimentConfig", "Plan",
+           "RunResult", "load_config", "register_algorithm", "run"]
+
+
+def run(config, overrides=None, **kwargs) -> RunResult:
+    """Run an experiment (a YAML path, a dict or an ExperimentConfig); see `raysim.runner.run`."""
+    from raysim.runner import run as _run
+
+    return _run(config, overrides, **kwargs)

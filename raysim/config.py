@@ -1,0 +1,193 @@
+"""The experiment file: a typed schema, validated before Ray starts, with command-line overrides.
+
+Every error names the field (`data.test_fraction`, `algorithm.lr`, ...) and what it allows; the
+algorithm's own hyperparameters are checked against the `Params` class it registered.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from raysim.data.config import DataConfig
+from raysim.models import ModelConfig
+from raysim.registry import get_algorithm
+from raysim.system.config import SystemConfig
+
+
+class ConfigError(ValueError):
+    """An invalid experiment file; the message has one line per problem, each naming its field."""
+
+
+class AlgorithmConfig(BaseModel):
+    """The `algorithm:` section: a registered name, the round budget, and the family's hyperparameters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = "fedavg"
+    rounds: int = Field(10, ge=1)
+    clients_per_round: int = Field(10, ge=1)
+    vectorize: bool = Field(True, description="run a shard's clients at once (vmap) where the family supports it")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ClusterConfig(BaseModel):
+    """The `cluster:` section: where Ray runs and how clients are packed into actors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(None, description="Ray address; None starts a local Ray")
+    num_actors: int | None = Field(None, ge=1, description="client actors; default: one per CPU")
+    clients_per_actor: int | None = Field(None, ge=1, description="1 gives one actor per client")
+    cpus_per_actor: float | None = Field(None, gt=0, description="default: the CPUs shared evenly")
+    gpu_fraction: float | None = Field(None, gt=0, le=1, description="GPU share per actor when GPUs exist; default 1/num_actors")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray; default: all")
+
+
+class EvalConfig(BaseModel):
+    """The `eval:` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(1, ge=1, description="evaluate every this many rounds (and at the last)")
+    train_samples: int = Field(20000, ge=0, description="pooled training samples evaluated for train_loss")
+
+
+class ExperimentConfig(BaseModel):
+    """One experiment: data, model, algorithm, system model, cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("experiment", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = Field(0, ge=0)
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def algorithm_params(self) -> BaseModel:
+        """The algorithm's hyperparameters, validated by its registered `Params` class."""
+        return get_algorithm(self.algorithm.name).Params(**self.algorithm.hyperparameters())
+
+    def clients_to_select(self) -> int:
+        """Clients the server selects a round: clients_per_round plus over-selected stragglers."""
+        return self.algorithm.clients_per_round + self.system.stragglers.over_select
+
+    def actor_layout(self, cpus: int) -> tuple[int, int]:
+        """(number of client actors, clients per actor) for a cluster with `cpus` CPUs."""
+        n = self.data.num_clients
+        if self.cluster.clients_per_actor is not None:
+            per = self.cluster.clients_per_actor
+            return math.ceil(n / per), per
+        actors = min(self.cluster.num_actors or max(1, cpus), n)
+        return actors, math.ceil(n / actors)
+
+
+def _format(err: ValidationError, prefix: str = "") -> list[str]:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "") or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field")
+            continue
+        got = e.get("input")
+        shown = f" (got {got!r})" if isinstance(got, (int, float, str, bool, type(None))) else ""
+        lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}{shown}")
+    return lines
+
+
+def _algorithm_problems(section: Any) -> list[str]:
+    """The algorithm section checked against the `Params` class its family registered."""
+    if not isinstance(section, dict):
+        return []
+    try:
+        algo = AlgorithmConfig.model_validate(section)
+        get_algorithm(algo.name).Params(**algo.hyperparameters())
+    except ValidationError as e:
+        return _format(e, "algorithm")
+    except ValueError as e:
+        return [str(e)]
+    return []
+
+
+def _check(cfg: ExperimentConfig) -> list[str]:
+    """Checks that span sections."""
+    problems = _algorithm_problems(cfg.algorithm.model_dump())
+    select = cfg.clients_to_select()
+    if select > cfg.data.num_clients:
+        problems.append(
+            f"algorithm.clients_per_round: {cfg.algorithm.clients_per_round} clients a round"
+            f" (+{cfg.system.stragglers.over_select} over-selected) exceeds data.num_clients={cfg.data.num_clients}")
+    c = cfg.cluster
+    if c.num_actors is not None and c.clients_per_actor is not None and c.num_actors * c.clients_per_actor < cfg.data.num_clients:
+        problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
+                        f" cannot host data.num_clients={cfg.data.num_clients}")
+    return problems
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        if not isinstance(node.setdefault(k, {}), dict):
+            raise ConfigError(f"{dotted}: cannot override inside non-mapping field {k!r}")
+        node = node[k]
+    node[keys[-1]] = value
+
+
+def apply_overrides(tree: dict, overrides: list[str] | dict[str, Any]) -> dict:
+    """Apply `key.sub=value` strings (values parsed as YAML) or a {dotted key: value} mapping."""
+    items = overrides.items() if isinstance(overrides, dict) else [parse_override(o) for o in overrides]
+    for key, value in items:
+        _set_path(tree, key, value)
+    return tree
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key.sub=value` as (dotted key, YAML-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key.sub=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw)
+
+
+def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[str] | dict | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment; raises ConfigError naming every bad field."""
+    if isinstance(source, ExperimentConfig):
+        tree = source.model_dump(mode="json")
+    elif isinstance(source, dict):
+        tree = copy.deepcopy(source)
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        tree = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    tree = apply_overrides(tree, overrides or [])
+    try:
+        cfg = ExperimentConfig.model_validate(tree)
+    except ValidationError as e:
+        problems = _format(e)
+        problems += [p for p in _algorithm_problems(tree.get("algorithm")) if p not in problems]
+        raise ConfigError("invalid experiment config:\n  " + "\n  ".join(problems)) from None
+    problems = _check(cfg)
+    if problems:
+        raise ConfigError("invalid experiment config:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The fully resolved config as YAML (defaults filled in), as written next to the results."""
+    tree = cfg.model_dump(mode="json")
+    tree["algorithm"] = {**{k: tree["algorithm"][k] for k in ("name", "rounds", "clients_per_round", "vectorize")},
+                         **cfg.algorithm_params().model_dump(mode="json")}
+    return yaml.safe_dump(tree, sort_keys=False)

@@ -1,0 +1,143 @@
+"""The algorithm contract: plain dataclasses that travel between server and clients.
+
+An algorithm (see `raysim.algorithms`) is a small class of pure methods over these types:
+init, client_init, plan, step, aggregate, evaluate. It never touches Ray, clocks or global
+RNGs, so the same code runs in a unit test and on a cluster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Cost:
+    """What one client step (or one server aggregation) cost, as the system model needs it.
+
+    oracle_calls: per-sample gradients or function queries made (the paper's unit).
+    oracle_batches: minibatch steps made (`unit: batch` counts these instead).
+    upload_vectors: uploads in units of one model-sized vector (a sketch of b of d numbers is b/d).
+    upload_bytes: bytes actually uploaded.
+    """
+
+    oracle_calls: int = 0
+    oracle_batches: int = 0
+    upload_vectors: float = 0.0
+    upload_bytes: int = 0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(
+            self.oracle_calls + other.oracle_calls,
+            self.oracle_batches + other.oracle_batches,
+            self.upload_vectors + other.upload_vectors,
+            self.upload_bytes + other.upload_bytes,
+        )
+
+
+@dataclass
+class Plan:
+    """What the server asks of one round: which clients take part and what they receive.
+
+    `broadcast` is put in the object store once and shared by reference by every client actor.
+    An empty `clients` array is a server-only round (the paper's Type B epoch).
+    """
+
+    clients: np.ndarray
+    broadcast: Any = None
+    phase: str = "train"
+
+
+@dataclass
+class Context:
+    """What an algorithm knows of the experiment when it initialises.
+
+    `model` is the model config, `num_clients` the federation size, `client_sizes` the number
+    of samples of each client, `seed` the experiment seed, `params` the algorithm's own
+    hyperparameters (validated by its `Params` class), `clients_per_round` how many clients the
+    server selects (over-selection included) and `rounds` how many rounds the run has.
+    """
+
+    seed: int
+    rounds: int
+    clients_per_round: int
+    num_clients: int
+    client_sizes: np.ndarray
+    feature_shape: tuple
+    image_shape: tuple | None
+    num_classes: int
+    model: Any
+    params: Any
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class ClientData:
+    """One client's local training data as tensors (features in the model's dtype, int64 labels)."""
+
+    client_id: int
+    x: Any
+    y: Any
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class EvalData:
+    """What the server evaluates on: the held-out test set and (a sample of) the pooled training set."""
+
+    test_x: Any
+    test_y: Any
+    train_x: Any
+    train_y: Any
+
+
+class Algorithm:
+    """Base of every algorithm family; subclasses override the pure methods of the contract.
+
+    The instance holds the experiment `Context` and nothing mutable: all state lives in the
+    ServerState / ClientState values the methods take and return, so actors can checkpoint,
+    restart and resume them.
+    """
+
+    Params: type = None  # pydantic model of the hyperparameters, set by each family
+    reducible: bool = False  # True when `reduce` pre-sums replies inside a shard
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.params = ctx.params
+
+    def init(self) -> Any:
+        """The initial ServerState."""
+        raise NotImplementedError
+
+    def client_init(self, client: int) -> Any:
+        """A client's persistent ClientState before its first round (None: stateless clients)."""
+        return None
+
+    def plan(self, state: Any, round: int, rng: np.random.Generator) -> Plan:
+        """Which clients take part in `round`, and the broadcast they receive."""
+        raise NotImplementedError
+
+    def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
+        """One client's work in a round: (Reply, new ClientState, Cost)."""
+        raise NotImplementedError
+
+    def step_many(self, cstates: list, datas: list[ClientData], broadcast: Any, rngs: list) -> list[tuple[Any, Any, Cost]]:
+        """The step of several clients at once; families that vectorize override this."""
+        return [self.step(c, d, broadcast, r) for c, d, r in zip(cstates, datas, rngs)]
+
+    def reduce(self, replies: list) -> Any:
+        """Pre-reduce replies inside a shard (only called when `reducible`); must be associative."""
+        raise NotImplementedError
+
+    def aggregate(self, state: Any, replies: list, rng: np.random.Generator) -> tuple[Any, Cost]:
+        """The new ServerState from the round's (possibly pre-reduced) replies, and the server's Cost."""
+        raise NotImplementedError
+
+    def evaluate(self, state: Any, data: EvalData) -> dict[str, float]:
+        """Metrics of the current ServerState."""
+        return {}

@@ -1,0 +1,79 @@
+"""The `data:` section: which source, how many clients, how the training set is split among them.
+
+`source` and `partition.kind` accept the built-in names and any name registered with
+`@register_source` / `@register_partitioner` before the config is validated.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from raysim.data.partition import NATURAL, PARTITIONERS
+from raysim.data.sources import NATURAL_SOURCES, SOURCES
+
+
+class PartitionConfig(BaseModel):
+    """How the pooled training samples are assigned to clients."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field("iid", description="iid, dirichlet, shards, quantity, natural, or a registered partitioner")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration over clients, per label")
+    shards_per_client: int = Field(2, ge=1, description="label-sorted shards dealt to each client")
+    quantity_sigma: float = Field(1.0, gt=0, description="lognormal sigma of the client sizes (quantity skew)")
+    min_size: int = Field(1, ge=1, description="training samples every client gets at least")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        allowed = sorted([*PARTITIONERS, NATURAL])
+        if kind not in allowed:
+            raise ValueError(f"unknown partitioner {kind!r}; allowed: {allowed}")
+        return kind
+
+
+class DataConfig(BaseModel):
+    """A federated dataset: a source, a global stratified test set, a partition of the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field("digits", description="digits, mnist1d, synthetic, parquet, or a registered source")
+    num_clients: int = Field(ge=1)
+    test_fraction: float = Field(0.2, description="share of the samples held out as the server's test set, in (0, 1)")
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    path: str | None = Field(None, description="the Parquet file (source: parquet)")
+    client_column: str = "client_id"
+    label_column: str = "label"
+    feature_columns: list[str] | None = Field(None, description="None: every other numeric column")
+    synthetic_samples: int = Field(10000, ge=1)
+    synthetic_features: int = Field(60, ge=1)
+    synthetic_classes: int = Field(10, ge=2)
+    synthetic_alpha: float = Field(1.0, ge=0, description="model heterogeneity of Synthetic(alpha, beta)")
+    synthetic_beta: float = Field(1.0, ge=0, description="data heterogeneity of Synthetic(alpha, beta)")
+    mnist1d_samples: int = Field(4000, ge=10, description="rounded down to a multiple of 10 (balanced classes)")
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, source: str) -> str:
+        if source not in SOURCES:
+            raise ValueError(f"unknown source {source!r}; allowed: {sorted(SOURCES)}")
+        return source
+
+    @field_validator("test_fraction")
+    @classmethod
+    def _open_unit_interval(cls, value: float) -> float:
+        if not 0 < value < 1:
+            raise ValueError("must be in the open interval (0, 1)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DataConfig:
+        if self.source == "parquet" and self.path is None:
+            raise ValueError("data.path is required when data.source is 'parquet'")
+        if self.partition.kind == NATURAL and self.source not in NATURAL_SOURCES:
+            raise ValueError(f"data.partition.kind 'natural' needs a source that assigns samples to clients "
+                             f"({sorted(NATURAL_SOURCES)}), not data.source {self.source!r}")
+        if self.feature_columns is not None:
+            clash = {self.label_column, self.client_column} & set(self.feature_columns)
+            if clash:
+                raise ValueError(f"data.feature_columns must not contain the label or client column: {sorted(clash)}")
+        return self

@@ -1,0 +1,220 @@
+"""The federated dataset on disk: train.parquet (rows sorted by client) and the server's test.parquet.
+
+Both files have the columns `client_id` int64, `x` fixed_size_list<float32>[prod(feature_shape)]
+and `y` int64 (client_id = -1 in the test file), and carry the feature shape in their schema
+metadata. Row groups are about ROW_GROUP_BYTES and never split a client smaller than that, so a
+filtered read of a few clients touches only their row groups.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raysim.data.config import DataConfig
+from raysim.data.partition import NATURAL, apportion, partition, sample_per_group
+from raysim.data.sources import load_source
+from raysim.rng import SERVER, SETUP, stream
+
+ROW_GROUP_BYTES = 1 << 20
+TEST_CLIENT = -1
+_META_KEY = b"raysim"
+
+
+@dataclass
+class FederatedData:
+    """Where a built federated dataset lies and what it holds; `client_sizes[c]` = samples of client c."""
+
+    train_path: Path
+    test_path: Path
+    num_clients: int
+    client_sizes: np.ndarray
+    feature_shape: tuple[int, ...]
+    image_shape: tuple[int, ...] | None
+    num_classes: int
+    num_train: int
+    num_test: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON."""
+        return {
+            "train_path": str(self.train_path),
+            "test_path": str(self.test_path),
+            "num_clients": self.num_clients,
+            "client_sizes": [int(s) for s in self.client_sizes],
+            "feature_shape": list(self.feature_shape),
+            "image_shape": None if self.image_shape is None else list(self.image_shape),
+            "num_classes": self.num_classes,
+            "num_train": self.num_train,
+            "num_test": self.num_test,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FederatedData:
+        """Inverse of `to_dict`."""
+        return cls(
+            train_path=Path(d["train_path"]),
+            test_path=Path(d["test_path"]),
+            num_clients=int(d["num_clients"]),
+            client_sizes=np.asarray(d["client_sizes"], dtype=np.int64),
+            feature_shape=tuple(d["feature_shape"]),
+            image_shape=None if d["image_shape"] is None else tuple(d["image_shape"]),
+            num_classes=int(d["num_classes"]),
+            num_train=int(d["num_train"]),
+            num_test=int(d["num_test"]),
+        )
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Generator,
+                       groups: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the held-out samples, stratified by label.
+
+    Without `groups`: round(fraction * n) samples (at least one, never all). With `groups`
+    (natural clients): floor(fraction * n_g) of each group, stratified by label within it, so
+    every group keeps at least (1 - fraction) of its samples.
+    """
+    n = len(labels)
+    label_index = np.unique(labels, return_inverse=True)[1]
+    if groups is None:
+        groups = np.zeros(n, dtype=np.int64)
+        totals = np.array([min(max(round(fraction * n), 1), n - 1)])
+    else:
+        groups = np.unique(groups, return_inverse=True)[1]
+        totals = np.floor(fraction * np.bincount(groups)).astype(np.int64)
+    num_labels = int(label_index.max()) + 1
+    strata = groups * num_labels + label_index
+    counts = np.bincount(strata, minlength=len(totals) * num_labels).reshape(len(totals), num_labels)
+    take = np.concatenate([apportion(int(t), row) for t, row in zip(totals, counts)])
+    test = np.zeros(n, dtype=bool)
+    test[sample_per_group(strata, take, rng)] = True
+    return test
+
+
+def _row_group_bounds(client_id: np.ndarray, target: int) -> list[int]:
+    """Row-group boundaries of about `target` rows that never split a client smaller than `target`.
+
+    A group starts at the first client starting in each window of `target` rows; a client larger
+    than `target` starts its own groups of `target` rows, and the next client starts a new one.
+    """
+    n = len(client_id)
+    starts = np.flatnonzero(np.diff(client_id, prepend=client_id[:1] - 1))
+    sizes = np.diff(starts, append=n)
+    big = sizes > target
+    parts = [starts[np.unique(starts // target, return_index=True)[1]], starts[big] + sizes[big], [n],
+             *(np.arange(s, s + m, target) for s, m in zip(starts[big], sizes[big]))]
+    return [int(b) for b in np.unique(np.concatenate(parts))]
+
+
+def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write one table atomically: a temporary file in the same folder, then os.replace."""
+    width = math.prod(meta["feature_shape"])
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    table = pa.table({
+        "client_id": pa.array(client_id, pa.int64()),
+        "x": pa.FixedSizeListArray.from_arrays(pa.array(flat), width),
+        "y": pa.array(y, pa.int64()),
+    }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+    bounds = _row_group_bounds(client_id, max(1, ROW_GROUP_BYTES // (4 * width + 16)))
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, table.schema, compression="none", use_dictionary=False,
+                              sorting_columns=[pq.SortingColumn(0)]) as writer:
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                writer.write_table(table.slice(a, b - a), row_group_size=b - a)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
+    """Load the source, hold out the server's test set, partition the rest, write both Parquet files."""
+    src = load_source(cfg, seed)
+    natural = cfg.partition.kind == NATURAL
+    test = stratified_holdout(src.y, cfg.test_fraction, stream(seed, SETUP, SERVER, "test_split"),
+                              src.natural_clients if natural else None)
+    train = ~test
+    num_train, num_test = int(train.sum()), int(test.sum())
+    need = cfg.num_clients * cfg.partition.min_size
+    if num_train < need:
+        raise ValueError(
+            f"data.num_clients: {cfg.num_clients} clients x data.partition.min_size={cfg.partition.min_size} "
+            f"need {need} training samples, but source {cfg.source!r} has {len(src.y)} samples of which "
+            f"{num_test} are held out for testing, leaving {num_train}")
+    ids = partition(src.y[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
+                    natural=src.natural_clients[train] if natural else None)
+    shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
+    order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
+    x_train, y_train = src.x[train][order], src.y[train][order]
+    meta = {"feature_shape": list(src.feature_shape)}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path, test_path = out_dir / "train.parquet", out_dir / "test.parquet"
+    _write(train_path, ids[order], x_train, y_train, meta)
+    _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x[test], src.y[test], meta)
+    return FederatedData(
+        train_path=train_path,
+        test_path=test_path,
+        num_clients=cfg.num_clients,
+        client_sizes=np.bincount(ids, minlength=cfg.num_clients),
+        feature_shape=tuple(src.feature_shape),
+        image_shape=src.image_shape,
+        num_classes=src.num_classes,
+        num_train=num_train,
+        num_test=num_test,
+    )
+
+
+def _batch_arrays(batch: pa.RecordBatch, feature_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(client_id, x, y) of one record batch as zero-copy, read-only numpy views."""
+    cid = batch.column("client_id").to_numpy()
+    x = batch.column("x").flatten().to_numpy().reshape(-1, *feature_shape)
+    return cid, x, batch.column("y").to_numpy()
+
+
+def _feature_shape(table: pa.Table) -> tuple[int, ...]:
+    return tuple(json.loads(table.schema.metadata[_META_KEY])["feature_shape"])
+
+
+def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{client: (x, y)} for exactly the requested clients, read through a memory map.
+
+    Only the row groups that hold these clients are read (the filter on client_id prunes the
+    rest by their statistics). x has shape (n_c, *feature_shape), float32; y is int64. The arrays
+    are read-only views of the Arrow buffers (one copy only for a client that spans row groups).
+    Raises KeyError for a client with no rows in the file.
+    """
+    wanted = list(dict.fromkeys(int(c) for c in client_ids))
+    if not wanted:
+        return {}
+    table = pq.read_table(path, filters=[("client_id", "in", wanted)], memory_map=True)
+    shape = _feature_shape(table)
+    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {c: [] for c in wanted}
+    for batch in filter(len, table.to_batches()):
+        cid, x, y = _batch_arrays(batch, shape)
+        edges = np.flatnonzero(np.diff(cid)) + 1
+        for a, b in zip([0, *edges], [*edges, len(cid)]):
+            parts[int(cid[a])].append((x[a:b], y[a:b]))
+    missing = [c for c, p in parts.items() if not p]
+    if missing:
+        raise KeyError(f"clients {missing} have no rows in {path}")
+    return {c: p[0] if len(p) == 1 else (np.concatenate([x for x, _ in p]), np.concatenate([y for _, y in p]))
+            for c, p in parts.items()}
+
+
+def read_table_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """All rows of a file as (x, y), in file order; x of shape (n, *feature_shape)."""
+    table = pq.read_table(path, memory_map=True).combine_chunks()
+    shape = _feature_shape(table)
+    batches = table.to_batches()
+    if not batches:
+        return np.empty((0, *shape), dtype=np.float32), np.empty(0, dtype=np.int64)
+    _, x, y = _batch_arrays(batches[0], shape)
+    return x, y

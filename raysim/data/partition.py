@@ -1,0 +1,167 @@
+"""Partitioners: split a pooled training set among clients, one client id per sample.
+
+A partitioner is `f(labels, num_clients, cfg, rng) -> client id per sample`; register new ones
+with `@register_partitioner("name")`. `partition` checks what every partitioner must give:
+each sample on exactly one client in [0, num_clients), every client at least `cfg.min_size`
+samples. The `natural` kind is not a function of the labels: it passes the source's own
+client assignment through the same checks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from raysim.data.config import PartitionConfig
+
+Partitioner = Callable[[np.ndarray, int, "PartitionConfig", np.random.Generator], np.ndarray]
+
+PARTITIONERS: dict[str, Partitioner] = {}
+NATURAL = "natural"
+DIRICHLET_TRIES = 100
+
+
+def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
+    """Decorator: make `f(labels, num_clients, cfg, rng) -> ids` available as `partition.kind: name`."""
+
+    def wrap(fn: Partitioner) -> Partitioner:
+        PARTITIONERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def apportion(total: int, weights: np.ndarray, minimum: int = 0) -> np.ndarray:
+    """Integer sizes summing to `total`: `minimum` each, the rest in proportion to `weights`.
+
+    Largest-remainder rounding, so no size exceeds its exact share by one or more.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    rest = total - minimum * len(weights)
+    if rest < 0:
+        raise ValueError(f"cannot give {len(weights)} parts at least {minimum} each out of {total}")
+    if weights.sum() <= 0:
+        weights = np.ones_like(weights)
+    exact = rest * weights / weights.sum()
+    sizes = np.floor(exact).astype(np.int64)
+    short = rest - int(sizes.sum())
+    sizes[np.argsort(sizes - exact, kind="stable")[:short]] += 1
+    return sizes + minimum
+
+
+def _deal(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Client ids for a random assignment of sum(sizes) samples with the given client sizes."""
+    ids = np.empty(int(sizes.sum()), dtype=np.int64)
+    ids[rng.permutation(len(ids))] = np.repeat(np.arange(len(sizes)), sizes)
+    return ids
+
+
+def sample_per_group(groups: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of `counts[g]` distinct random members of each group g (groups: ints in [0, len(counts)))."""
+    sizes = np.bincount(groups, minlength=len(counts))
+    order = rng.permutation(len(groups))
+    order = order[np.argsort(groups[order], kind="stable")]  # grouped, random within a group
+    rank = np.arange(len(groups)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return order[rank < counts[groups[order]]]
+
+
+def partition(
+    labels: np.ndarray,
+    num_clients: int,
+    cfg: PartitionConfig,
+    rng: np.random.Generator,
+    natural: np.ndarray | None = None,
+) -> np.ndarray:
+    """Client id (int64) for every sample, by the partitioner `cfg.kind`.
+
+    `natural` is the source's own client of each sample, required for `kind: natural`.
+    Raises ValueError naming the field to change when the clients cannot all get `cfg.min_size`.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    if n < num_clients * cfg.min_size:
+        raise ValueError(
+            f"data.num_clients: {num_clients} clients x partition.min_size={cfg.min_size} "
+            f"needs {num_clients * cfg.min_size} training samples, only {n} exist")
+    if cfg.kind == NATURAL:
+        if natural is None:
+            raise ValueError("data.partition.kind: 'natural' needs a source that assigns samples to clients")
+        found = np.unique(natural)
+        if not np.array_equal(found, np.arange(num_clients)):
+            raise ValueError(f"data.num_clients: is {num_clients} but the source's natural partition "
+                             f"has {len(found)} clients")
+        ids = np.asarray(natural, dtype=np.int64)
+    elif cfg.kind in PARTITIONERS:
+        ids = np.asarray(PARTITIONERS[cfg.kind](labels, num_clients, cfg, rng), dtype=np.int64)
+    else:
+        raise ValueError(f"data.partition.kind: unknown partitioner {cfg.kind!r}; "
+                         f"allowed: {sorted([*PARTITIONERS, NATURAL])}")
+    if ids.shape != (n,) or ids.min() < 0 or ids.max() >= num_clients:
+        raise ValueError(f"partitioner {cfg.kind!r} must return one client id in [0, {num_clients}) per sample")
+    sizes = np.bincount(ids, minlength=num_clients)
+    if sizes.min() < cfg.min_size:
+        raise ValueError(
+            f"data.partition.min_size: partition {cfg.kind!r} gives client {int(sizes.argmin())} only "
+            f"{int(sizes.min())} training samples, fewer than min_size={cfg.min_size}")
+    return ids
+
+
+@register_partitioner("iid")
+def iid(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
+    """A uniformly random split into equal sizes (differing by at most one)."""
+    return _deal(apportion(len(labels), np.ones(num_clients)), rng)
+
+
+@register_partitioner("quantity")
+def quantity(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
+    """Quantity skew: sizes proportional to LogNormal(0, quantity_sigma) draws, min_size each; samples iid."""
+    weights = rng.lognormal(0.0, cfg.quantity_sigma, num_clients)
+    return _deal(apportion(len(labels), weights, cfg.min_size), rng)
+
+
+@register_partitioner("shards")
+def shards(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
+    """Label shards (McMahan et al.): sort by label, cut num_clients*shards_per_client shards, deal them."""
+    count = num_clients * cfg.shards_per_client
+    if len(labels) < count:
+        raise ValueError(f"data.partition.shards_per_client: {count} shards need at least {count} "
+                         f"training samples, only {len(labels)} exist")
+    order = rng.permutation(len(labels))
+    order = order[np.argsort(labels[order], kind="stable")]
+    owner = rng.permutation(count) // cfg.shards_per_client
+    ids = np.empty(len(labels), dtype=np.int64)
+    for shard, rows in enumerate(np.array_split(order, count)):
+        ids[rows] = owner[shard]
+    return ids
+
+
+@register_partitioner("dirichlet")
+def dirichlet(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
+    """Label skew: each class is split over clients in proportions ~ Dirichlet(alpha).
+
+    A draw in which some client has fewer than min_size samples is redrawn, up to
+    DIRICHLET_TRIES times; after that the last draw is repaired by moving random samples from
+    the clients with the largest surplus to the short ones.
+    """
+    classes = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    ids = np.empty(len(labels), dtype=np.int64)
+    for _ in range(DIRICHLET_TRIES):
+        for rows in classes:
+            share = rng.dirichlet(np.full(num_clients, cfg.alpha))
+            cuts = np.floor(np.cumsum(share)[:-1] * len(rows)).astype(np.int64)
+            ids[rng.permutation(rows)] = np.repeat(np.arange(num_clients), np.diff(cuts, prepend=0, append=len(rows)))
+        if np.bincount(ids, minlength=num_clients).min() >= cfg.min_size:
+            return ids
+    return _repair(ids, num_clients, cfg.min_size, rng)
+
+
+def _repair(ids: np.ndarray, num_clients: int, min_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Move random samples from clients above min_size, in proportion to their surplus, to those below."""
+    sizes = np.bincount(ids, minlength=num_clients)
+    deficit = np.maximum(min_size - sizes, 0)
+    take = apportion(int(deficit.sum()), np.maximum(sizes - min_size, 0))
+    moved = rng.permutation(sample_per_group(ids, take, rng))
+    ids = ids.copy()
+    ids[moved] = np.repeat(np.arange(num_clients), deficit)
+    return ids

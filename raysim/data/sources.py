@@ -1,0 +1,213 @@
+"""Data sources: each turns the `data:` config and a seed into one pooled labelled dataset.
+
+A source is `f(cfg, seed) -> Source`, registered with `@register_source("name")`; pass
+`natural=True` when it assigns samples to clients itself (`partition.kind: natural`).
+Nothing here downloads: digits ships with scikit-learn, mnist1d and synthetic are generated.
+"""
+from __future__ import annotations
+
+import math
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raysim.data.partition import NATURAL, apportion
+from raysim.rng import SERVER, SETUP, stream
+
+if TYPE_CHECKING:
+    from raysim.data.config import DataConfig
+
+
+@dataclass
+class Source:
+    """A pooled dataset: features (float32, shape (n, *feature_shape)) and int64 labels in [0, num_classes).
+
+    `natural_clients` is the source's own client id (0..K-1) of each sample, or None;
+    `image_shape` is the (channels, *spatial) view of one sample for CNNs, or None.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    natural_clients: np.ndarray | None = None
+    image_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.y)
+        if self.x.dtype != np.float32 or self.x.shape != (n, *self.feature_shape):
+            raise ValueError(f"source x must be float32 of shape {(n, *self.feature_shape)}, "
+                             f"got {self.x.dtype} {self.x.shape}")
+        if self.y.dtype != np.int64 or (n and not 0 <= self.y.min() <= self.y.max() < self.num_classes):
+            raise ValueError(f"source y must be int64 labels in [0, {self.num_classes})")
+        if self.natural_clients is not None and self.natural_clients.shape != (n,):
+            raise ValueError("source natural_clients must have one client id per sample")
+
+
+SourceLoader = Callable[["DataConfig", int], Source]
+SOURCES: dict[str, SourceLoader] = {}
+NATURAL_SOURCES: set[str] = set()
+
+
+def register_source(name: str, natural: bool = False) -> Callable[[SourceLoader], SourceLoader]:
+    """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`."""
+
+    def wrap(fn: SourceLoader) -> SourceLoader:
+        SOURCES[name] = fn
+        if natural:
+            NATURAL_SOURCES.add(name)
+        return fn
+
+    return wrap
+
+
+def load_source(cfg: DataConfig, seed: int) -> Source:
+    """The pooled dataset of `cfg.source`."""
+    return SOURCES[cfg.source](cfg, seed)
+
+
+@register_source("digits")
+def digits(cfg: DataConfig, seed: int) -> Source:
+    """scikit-learn's bundled 8x8 digits (1797 samples, 10 classes), pixels scaled to [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    return Source(x, data.target.astype(np.int64), (64,), 10, image_shape=(1, 8, 8))
+
+
+@contextmanager
+def _global_rng_restored() -> Iterator[None]:
+    """Restore numpy's and Python's global RNG state afterwards (for libraries that reseed them)."""
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+
+
+@register_source("mnist1d")
+def mnist1d(cfg: DataConfig, seed: int) -> Source:
+    """MNIST-1D from the package's procedural generator (never its download path): 40 features, 10 classes.
+
+    The generator reseeds and draws from numpy's global RNG; its seed comes from our stream and
+    the global state is restored afterwards.
+    """
+    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.utils import ObjectView
+
+    args = get_dataset_args(as_dict=True)
+    del args["url"]  # make_dataset never downloads; without the URL nothing could
+    args.update(num_samples=cfg.mnist1d_samples, train_split=1.0,
+                seed=int(stream(seed, SETUP, SERVER, "mnist1d").integers(2**31)))
+    with _global_rng_restored():
+        data = make_dataset(ObjectView(args))
+    x = data["x"].astype(np.float32)
+    return Source(x, data["y"].astype(np.int64), x.shape[1:], 10, image_shape=(1, *x.shape[1:]))
+
+
+@register_source("synthetic", natural=True)
+def synthetic(cfg: DataConfig, seed: int) -> Source:
+    """Synthetic(alpha, beta) of the FedProx paper (Li et al. 2020): per-client softmax regression.
+
+    Client k: u_k ~ N(0, alpha^2) per class, W_k ~ N(u_k, 1), b_k ~ N(u_k, 1); B_k ~ N(0, beta^2),
+    v_k ~ N(B_k, 1), x ~ N(v_k, diag(j^-1.2)), y = argmax(W_k^T x + b_k). Client sizes follow the
+    reference code's lognormal(4, 2) + 50, scaled to `synthetic_samples`. The reference code draws
+    u_k as one scalar, which shifts every logit equally and so never changes a label; drawing it
+    per class makes alpha act (alpha = 0 is unchanged). Each client gets enough samples to keep
+    `partition.min_size` after its share of the test set is held out.
+    """
+    rng = stream(seed, SETUP, SERVER, "synthetic")
+    k, d, c = cfg.num_clients, cfg.synthetic_features, cfg.synthetic_classes
+    minimum = math.ceil(cfg.partition.min_size / (1 - cfg.test_fraction))
+    if cfg.synthetic_samples < k * minimum:
+        raise ValueError(f"data.synthetic_samples: {cfg.synthetic_samples} samples cannot give "
+                         f"data.num_clients={k} clients {minimum} samples each")
+    sizes = apportion(cfg.synthetic_samples, rng.lognormal(4.0, 2.0, k) + 50.0, minimum)
+    u = rng.normal(0.0, cfg.synthetic_alpha, (k, c))
+    v = rng.normal(rng.normal(0.0, cfg.synthetic_beta, (k, 1)), 1.0, (k, d))
+    scale = np.arange(1, d + 1) ** -0.6  # sqrt of the covariance diagonal j^-1.2
+    xs, ys = [], []
+    for i in range(k):
+        w = rng.normal(u[i], 1.0, (d, c))
+        b = rng.normal(u[i], 1.0, c)
+        x = v[i] + rng.standard_normal((sizes[i], d)) * scale
+        xs.append(x)
+        ys.append(np.argmax(x @ w + b, axis=1))
+    natural = np.repeat(np.arange(k, dtype=np.int64), sizes)
+    return Source(np.concatenate(xs).astype(np.float32), np.concatenate(ys).astype(np.int64), (d,), c,
+                  natural_clients=natural)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _is_feature(t: pa.DataType) -> bool:
+    """A numeric column, or a list column of numbers (flattened into several features)."""
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return _is_number(t) or (is_list and _is_number(t.value_type))
+
+
+def _feature_matrix(column: pa.ChunkedArray, name: str) -> np.ndarray:
+    """One column as an (n, m) float32 matrix: m = 1 for a scalar column, the list length for a list column."""
+    arr = column.combine_chunks()
+    if _is_number(arr.type):
+        return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    if len(lengths) and lengths.min() != lengths.max():
+        raise ValueError(f"data.feature_columns: list column {name!r} has rows of different lengths")
+    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return flat.reshape(len(arr), -1)
+
+
+def _labels(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Class indices: non-negative integer labels as they are, anything else by sorted unique value."""
+    if np.issubdtype(values.dtype, np.integer) and (len(values) == 0 or values.min() >= 0):
+        return values.astype(np.int64), int(values.max()) + 1 if len(values) else 0
+    classes, index = np.unique(values, return_inverse=True)
+    return index.astype(np.int64), len(classes)
+
+
+@register_source("parquet", natural=True)
+def parquet(cfg: DataConfig, seed: int) -> Source:
+    """Any Parquet file: `label_column`, the feature columns, and `client_column` for a natural partition.
+
+    Feature columns default to every numeric (or numeric-list) column other than the label and
+    client columns. Client ids are renumbered 0..K-1 in sorted order of their values.
+    """
+    table = pq.read_table(cfg.path, memory_map=True)
+    names = table.column_names
+    if cfg.label_column not in names:
+        raise ValueError(f"data.label_column: no column {cfg.label_column!r} in {cfg.path} (columns: {names})")
+    if cfg.feature_columns is None:
+        features = [n for n in names
+                    if n not in (cfg.label_column, cfg.client_column) and _is_feature(table.schema.field(n).type)]
+    else:
+        features = cfg.feature_columns
+        missing = [n for n in features if n not in names]
+        if missing:
+            raise ValueError(f"data.feature_columns: no columns {missing} in {cfg.path} (columns: {names})")
+    if not features:
+        raise ValueError(f"data.feature_columns: {cfg.path} has no numeric feature columns")
+    has_clients = cfg.client_column in names
+    if not has_clients and cfg.partition.kind == NATURAL:
+        raise ValueError(f"data.client_column: no column {cfg.client_column!r} in {cfg.path} "
+                         f"for the natural partition (columns: {names})")
+    used = [cfg.label_column, *features, *([cfg.client_column] if has_clients else [])]
+    nulls = [n for n in used if table.column(n).null_count]
+    if nulls:
+        raise ValueError(f"data.path: columns {nulls} of {cfg.path} contain nulls")
+    x = np.concatenate([_feature_matrix(table.column(n), n) for n in features], axis=1)
+    y, num_classes = _labels(table.column(cfg.label_column).to_numpy())
+    natural = None
+    if has_clients:
+        natural = np.unique(table.column(cfg.client_column).to_numpy(), return_inverse=True)[1].astype(np.int64)
+    return Source(np.ascontiguousarray(x), y, (x.shape[1],), num_classes, natural_clients=natural)

@@ -1,0 +1,128 @@
+"""Torch models by name, and the flat-vector view of their parameters.
+
+Parameters travel as one flat numpy vector (cheap to `ray.put`, zero-copy to read, one add to
+aggregate); `ParamSpec` maps it to the named tensors that `torch.func.functional_call` takes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+MODELS: dict[str, Callable[["ModelConfig", tuple, tuple | None, int], nn.Module]] = {}
+
+
+def register_model(name: str):
+    """Register a model builder `f(cfg, feature_shape, image_shape, num_classes) -> nn.Module`."""
+
+    def wrap(fn):
+        MODELS[name] = fn
+        return fn
+
+    return wrap
+
+
+class ModelConfig(BaseModel):
+    """The `model:` section: an architecture name and its sizes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("mlp", description="a registered model: logreg, mlp, cnn or one added with @register_model")
+    hidden: list[int] = Field(default_factory=lambda: [64])
+    channels: list[int] = Field(default_factory=lambda: [16, 32])
+    dtype: Literal["float32", "float64"] = "float32"
+    init_scale: float = Field(1.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in MODELS:
+            raise ValueError(f"unknown model {name!r}; allowed: {sorted(MODELS)}")
+        return name
+
+
+@register_model("logreg")
+def _logreg(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(feature_shape), num_classes))
+
+
+@register_model("mlp")
+def _mlp(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(feature_shape)
+    for h in cfg.hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+@register_model("cnn")
+def _cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
+    """A small CNN: 3x3 convolutions with ReLU, global average pooling, a linear head (1-D or 2-D inputs)."""
+    if image_shape is None:
+        raise ValueError("model.name: 'cnn' needs a data source with an image shape (digits, mnist1d)")
+    conv = nn.Conv2d if len(image_shape) == 3 else nn.Conv1d
+    pool = nn.AdaptiveAvgPool2d(1) if len(image_shape) == 3 else nn.AdaptiveAvgPool1d(1)
+    layers: list[nn.Module] = [nn.Unflatten(1, tuple(image_shape))]
+    c_in = image_shape[0]
+    for c in cfg.channels:
+        layers += [conv(c_in, c, 3, padding=1), nn.ReLU()]
+        c_in = c
+    layers += [pool, nn.Flatten(), nn.Linear(c_in, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def build_model(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
+    """Instantiate the configured architecture in the configured dtype."""
+    return MODELS[cfg.name](cfg, tuple(feature_shape), image_shape, num_classes).to(DTYPES[cfg.dtype])
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """Names and shapes of a module's parameters, in order, to (un)flatten a parameter vector."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "ParamSpec":
+        named = list(module.named_parameters())
+        return cls(tuple(n for n, _ in named), tuple(tuple(p.shape) for _, p in named))
+
+    @property
+    def size(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of `flat` (shape [..., size]) as named parameters with the same leading dims."""
+        lead = flat.shape[:-1]
+        out, i = {}, 0
+        for name, shape in zip(self.names, self.shapes):
+            n = math.prod(shape)
+            out[name] = flat[..., i : i + n].reshape(*lead, *shape)
+            i += n
+        return out
+
+    def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One vector (per leading index) from named parameters."""
+        first = params[self.names[0]]
+        lead = first.shape[: first.dim() - len(self.shapes[0])]
+        return torch.cat([params[n].reshape(*lead, -1) for n in self.names], dim=-1)
+
+
+def initial_vector(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int, seed: int) -> np.ndarray:
+    """The seeded initial parameter vector: PyTorch's default init under a forked, seeded RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = build_model(cfg, feature_shape, image_shape, num_classes)
+    flat = ParamSpec.of(module).flatten(dict(module.named_parameters())).detach()
+    return (flat * cfg.init_scale).numpy()

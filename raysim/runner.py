@@ -1,0 +1,119 @@
+"""Run an experiment on Ray: build the federated data, start (or join) Ray, start the server and
+client actors, drive the rounds, write results after every round, and stop cleanly on errors."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
+from raysim.data import build_federated
+from raysim.registry import get_algorithm
+from raysim.results import RunResult, RunWriter, new_run_dir, write_text
+
+
+class DivergenceError(RuntimeError):
+    """A metric became NaN or infinite; the rounds before it are saved."""
+
+
+def _ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
+    """Connect to `address` (or the config's), or start a local Ray; True if this call started it."""
+    if ray.is_initialized():
+        return False
+    address = address or cfg.cluster.address
+    if address:
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, logging_level="WARNING")
+    return True
+
+
+def _shippable(cls: type) -> type | None:
+    """An algorithm defined outside raysim (a notebook, a test, a plugin) travels to actors by value."""
+    if cls.__module__.startswith("raysim."):
+        return None
+    module = sys.modules.get(cls.__module__)
+    if module is not None and cls.__module__ != "__main__":
+        ray.cloudpickle.register_pickle_by_value(module)
+    return cls
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[metric]}"), TextColumn("sim {task.fields[sim]:.1f}"),
+        TimeElapsedColumn(), disable=not enabled, transient=False,
+    )
+
+
+def _metric_text(row: dict) -> str:
+    for key in ("test_accuracy", "test_loss", "train_loss"):
+        if key in row:
+            return f"{key} {row[key]:.4f}"
+    return ""
+
+
+def _check_finite(row: dict) -> None:
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)
+           and k not in ("compute_time", "finish_time")]
+    if bad:
+        raise DivergenceError(f"round {row['round']}: {', '.join(bad)} became non-finite (NaN/inf); "
+                              "the run diverged (try a smaller algorithm.lr). Finished rounds are saved.")
+
+
+def run(config: str | Path | dict | ExperimentConfig, overrides: list[str] | dict | None = None, *,
+        address: str | None = None, out: str | Path | None = None, progress: bool = False,
+        **kw_overrides: Any) -> RunResult:
+    """Run one experiment and return its results (`.rounds`, `.clients` DataFrames, `.run_dir`).
+
+    `overrides` are `key.sub=value` strings or a {dotted key: value} mapping; keyword arguments
+    with `__` for dots work too (`algorithm__lr=0.1`).
+    """
+    items = dict(overrides or {}) if not isinstance(overrides, list) else dict(map(parse_override, overrides))
+    items.update({k.replace("__", "."): v for k, v in kw_overrides.items()})
+    cfg = load_config(config, items)
+    run_dir = Path(out) if out is not None else new_run_dir(cfg.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text(dump_config(cfg), run_dir / "config.yaml")
+    writer = RunWriter(run_dir)
+    t_start = time.perf_counter()
+    started_ray = False
+    server = None
+    try:
+        fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
+        t_data = time.perf_counter()
+        started_ray = _ensure_ray(cfg, address)
+        t_ray = time.perf_counter()
+        from raysim.actors.server import ServerActor
+
+        tree = cfg.model_dump(mode="json")
+        server = ServerActor.remote(tree, fed.to_dict(), _shippable(get_algorithm(cfg.algorithm.name)))
+        layout = ray.get(server.start.remote())
+        writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,
+                      startup_s=time.perf_counter() - t_start, **layout)
+        wall = 0.0
+        with _progress(progress) as bar:
+            task = bar.add_task(cfg.name, total=cfg.algorithm.rounds, metric="", sim=0.0)
+            for t in range(1, cfg.algorithm.rounds + 1):
+                t0 = time.perf_counter()
+                row, client_rows = ray.get(server.run_round.remote(t))
+                wall += time.perf_counter() - t0
+                row["wall_s"] = wall
+                writer.add(row, client_rows)
+                _check_finite(row)
+                bar.update(task, advance=1, metric=_metric_text(row), sim=row["sim_time"])
+        writer.status(status="finished", rounds_done=len(writer.rounds))
+    except BaseException as e:
+        writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if server is not None and ray.is_initialized():
+            ray.kill(server)
+        if started_ray:
+            ray.shutdown()
+    return RunResult.load(run_dir)

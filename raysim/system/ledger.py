@@ -1,0 +1,25 @@
+"""Cumulative per-run accounting: Definition 1's Gamma, simulated time, oracle calls, bytes."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from raysim.contract import Cost
+from raysim.system.model import RoundTiming
+
+
+@dataclass
+class Ledger:
+    """Running totals over rounds; `oracle_calls` counts raw per-sample calls of clients and server."""
+
+    gamma: float = 0.0
+    sim_time: float = 0.0
+    oracle_calls: int = 0
+    upload_bytes: int = 0
+
+    def add(self, timing: RoundTiming, costs: list[Cost], server_cost: Cost) -> dict:
+        """Add one round (uploaded bytes of kept clients only) and return the cumulative values."""
+        self.gamma += timing.gamma
+        self.sim_time += timing.round_time
+        self.oracle_calls += sum(c.oracle_calls for c in costs) + server_cost.oracle_calls
+        self.upload_bytes += sum(c.upload_bytes for c, d in zip(costs, timing.dropped) if not d)
+        return asdict(self)

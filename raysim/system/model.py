@@ -1,0 +1,130 @@
+"""The per-round system model: sampled compute/upload times, stragglers and Definition 1's Gamma.
+
+A round runs three sequential phases (specs/fedlrgd.md §2.3, (25)): the clients' compute phase
+(it ends with the slowest kept client, or at the deadline if one was missed), then the kept
+clients' uploads through the server's queue, then the server's own oracle calls (Type B).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.contract import Cost
+from raysim.rng import SERVER, stream
+from raysim.system.compute import compute_time, speed_factors
+from raysim.system.config import SystemConfig
+from raysim.system.queue import burke_completions, explicit_completions
+
+
+@dataclass
+class RoundTiming:
+    """Sampled timing of one round; per-client arrays are in the order of the round's clients.
+
+    upload_time: completion offset within the communication phase (0 if dropped or no upload).
+    finish_time: compute phase end + upload_time for kept uploading clients, else compute time.
+    gamma: this round's increment of the federated oracle complexity (Definition 1).
+    """
+
+    compute_time: np.ndarray
+    upload_time: np.ndarray
+    finish_time: np.ndarray
+    dropped: np.ndarray
+    compute_phase: float
+    comm_phase: float
+    server_phase: float
+    round_time: float
+    gamma: float
+
+
+class SystemModel:
+    """Samples one experiment's round timings; every draw keyed by (seed, round, client, purpose)."""
+
+    def __init__(self, cfg: SystemConfig, seed: int, num_clients: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.num_clients = num_clients
+        self.speed = (
+            speed_factors(num_clients, cfg.compute.speed_sigma, seed)
+            if cfg.compute.speed == "lognormal"
+            else np.ones(num_clients)
+        )
+
+    def calls(self, cost: Cost) -> int:
+        """Oracle calls of a cost in the configured unit: per-sample calls or minibatch steps."""
+        return cost.oracle_calls if self.cfg.compute.unit == "sample" else cost.oracle_batches
+
+    def client_compute_time(self, round: int, client: int, cost: Cost) -> float:
+        """A client's compute time b*shift + Erlang(b, rate) over its speed factor (§2.1)."""
+        c = self.cfg.compute
+        rng = stream(self.seed, round, client, "compute")
+        return compute_time(self.calls(cost), rng, c.shift, c.rate, self.speed[client])
+
+    def server_compute_time(self, round: int, cost: Cost) -> float:
+        """The server's compute time b*shift + Erlang(b, rate), mean 2b by default (20)."""
+        c = self.cfg.compute
+        return compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate)
+
+    def stragglers(
+        self, clients: np.ndarray, compute_times: np.ndarray, keep: int | None
+    ) -> tuple[np.ndarray, float]:
+        """Drop clients slower than the deadline, then keep the `keep` earliest (ties by client id).
+
+        Returns (dropped, compute phase end): the latest kept time, or the deadline if it was missed.
+        """
+        times = np.asarray(compute_times, dtype=float)
+        deadline = self.cfg.stragglers.deadline
+        dropped = times > deadline if deadline is not None else np.zeros(times.size, dtype=bool)
+        alive = np.flatnonzero(~dropped)
+        if keep is not None and alive.size > keep:
+            by_time = alive[np.lexsort((np.asarray(clients)[alive], times[alive]))]
+            dropped[by_time[keep:]] = True
+        return dropped, self._compute_phase_end(times, dropped)
+
+    def _compute_phase_end(self, times: np.ndarray, dropped: np.ndarray) -> float:
+        """The deadline if any client missed it, else the latest kept compute time (0 if none)."""
+        deadline = self.cfg.stragglers.deadline
+        if deadline is not None and np.any(times > deadline):
+            return float(deadline)
+        kept = times[~dropped]
+        return float(kept.max()) if kept.size else 0.0
+
+    def close_round(
+        self,
+        round: int,
+        clients: np.ndarray,
+        compute_times: np.ndarray,
+        costs: list[Cost],
+        server_cost: Cost,
+        server_time: float,
+        dropped: np.ndarray,
+    ) -> RoundTiming:
+        """Queue the kept clients' uploads and add the phases: compute, comm, server (25).
+
+        Gamma = b_t + phi * (kept clients' upload vectors), b_t = max client calls + server calls
+        (Definition 1; with phi = 0 it is the raw count of oracle calls in the configured unit).
+        """
+        comm = self.cfg.comm
+        times = np.asarray(compute_times, dtype=float)
+        dropped = np.asarray(dropped, dtype=bool)
+        sizes = np.array([0.0 if d else c.upload_vectors for c, d in zip(costs, dropped)])
+        rng = stream(self.seed, round, SERVER, "upload")
+        if comm.mode == "burke":
+            upload = burke_completions(sizes, comm.phi, rng)
+        else:
+            upload = explicit_completions(sizes, comm.phi, comm.nu, rng)
+        compute_phase = self._compute_phase_end(times, dropped)
+        comm_phase = float(upload.max()) if upload.size else 0.0
+        finish = np.where(sizes > 0, compute_phase + upload, times)
+        b_t = max((self.calls(c) for c in costs), default=0) + self.calls(server_cost)
+        return RoundTiming(
+            compute_time=times,
+            upload_time=upload,
+            finish_time=finish,
+            dropped=dropped,
+            compute_phase=compute_phase,
+            comm_phase=comm_phase,
+            server_phase=float(server_time),
+            round_time=compute_phase + comm_phase + float(server_time),
+            gamma=b_t + comm.phi * float(sizes.sum()),
+        )

@@ -1,0 +1,125 @@
+"""build_federated and the readers: file layout, determinism, stratified test set, filtered reads."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raysim.data import DataConfig, FederatedData, build_federated, read_clients, read_table_arrays
+from raysim.data import federated
+
+
+def digits(tmp_path, kind="iid", seed=0, **kw) -> FederatedData:
+    cfg = DataConfig(source="digits", num_clients=10, partition={"kind": kind}, **kw)
+    return build_federated(cfg, seed, tmp_path / f"{kind}-{seed}")
+
+
+def test_files_schema_sizes_and_sorted_clients(tmp_path):
+    fd = digits(tmp_path)
+    assert sorted(p.name for p in fd.train_path.parent.iterdir()) == ["test.parquet", "train.parquet"]
+    schema = pq.read_schema(fd.train_path)
+    assert schema.field("client_id").type == pa.int64() and schema.field("y").type == pa.int64()
+    assert schema.field("x").type == pa.list_(pa.float32(), 64)
+    train, test = pq.read_table(fd.train_path), pq.read_table(fd.test_path)
+    assert train.schema.equals(test.schema)
+    cid = train.column("client_id").to_numpy()
+    assert np.all(np.diff(cid) >= 0)
+    assert np.array_equal(np.bincount(cid), fd.client_sizes) and fd.client_sizes.sum() == fd.num_train
+    assert np.all(test.column("client_id").to_numpy() == -1)
+    assert (fd.num_train, fd.num_test, len(train), len(test)) == (1438, 359, 1438, 359)
+    assert (fd.feature_shape, fd.image_shape, fd.num_classes) == ((64,), (1, 8, 8), 10)
+
+
+def test_test_set_is_stratified_and_independent_of_the_partition(tmp_path):
+    fd = digits(tmp_path)
+    _, y_test = read_table_arrays(fd.test_path)
+    _, y_train = read_table_arrays(fd.train_path)
+    per_class = np.bincount(np.concatenate([y_train, y_test]))
+    assert np.all(np.abs(np.bincount(y_test) - 0.2 * per_class) < 1)
+    x_other, y_other = read_table_arrays(digits(tmp_path, kind="dirichlet").test_path)
+    x_test, _ = read_table_arrays(fd.test_path)
+    assert np.array_equal(x_test, x_other) and np.array_equal(y_test, y_other)
+
+
+def test_deterministic_given_seed(tmp_path):
+    a, b, c = digits(tmp_path, seed=3), digits(tmp_path / "again", seed=3), digits(tmp_path, seed=4)
+    assert pq.read_table(a.train_path).equals(pq.read_table(b.train_path))
+    assert pq.read_table(a.test_path).equals(pq.read_table(b.test_path))
+    assert not pq.read_table(a.train_path).equals(pq.read_table(c.train_path))
+
+
+def test_read_clients_returns_exactly_those_rows_as_in_pandas(tmp_path):
+    fd = digits(tmp_path, kind="dirichlet")
+    got = read_clients(fd.train_path, np.array([7, 2, 7]))
+    assert list(got) == [7, 2]
+    df = pd.read_parquet(fd.train_path)
+    for c, (x, y) in got.items():
+        rows = df[df.client_id == c]
+        assert x.shape == (fd.client_sizes[c], 64) and x.dtype == np.float32 and y.dtype == np.int64
+        assert np.array_equal(x, np.stack(rows.x.to_numpy()).astype(np.float32))
+        assert np.array_equal(y, rows.y.to_numpy())
+        assert not x.flags.owndata and not x.flags.writeable  # a view of the Arrow buffer
+    with pytest.raises(KeyError):
+        read_clients(fd.train_path, [10])
+
+
+def test_row_groups_keep_small_clients_whole_so_filters_prune(tmp_path, monkeypatch):
+    monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 40 * (64 * 4 + 16))  # 40 digits rows per group
+    fd = digits(tmp_path, kind="quantity")
+    meta = pq.ParquetFile(fd.train_path).metadata
+    stats = [meta.row_group(i).column(0).statistics for i in range(meta.num_row_groups)]
+    assert meta.num_row_groups >= 1438 // 40 and max(meta.row_group(i).num_rows for i in range(len(stats))) <= 80
+    assert fd.client_sizes.min() <= 40 < fd.client_sizes.max()
+    for c, size in enumerate(fd.client_sizes):
+        groups = sum(s.min <= c <= s.max for s in stats)
+        assert groups == 1 if size <= 40 else groups >= size // 40
+    full_x, full_y = read_table_arrays(fd.train_path)
+    got = read_clients(fd.train_path, range(10))
+    for c, (x, y) in got.items():
+        start = fd.client_sizes[:c].sum()
+        assert np.array_equal(x, full_x[start:start + len(y)]) and np.array_equal(y, full_y[start:start + len(y)])
+
+
+def test_natural_partition_of_synthetic_keeps_its_clients(tmp_path):
+    cfg = DataConfig(source="synthetic", num_clients=15, synthetic_samples=2000,
+                     partition={"kind": "natural", "min_size": 8})
+    fd = build_federated(cfg, 0, tmp_path)
+    assert fd.client_sizes.min() >= 8 and fd.num_train + fd.num_test == 2000
+    x, y = read_table_arrays(fd.train_path)
+    assert x.shape == (fd.num_train, 60) and len(read_clients(fd.train_path, range(15))) == 15
+
+
+def test_parquet_natural_round_trip_through_build(tmp_path):
+    gen = np.random.default_rng(1)
+    n = 400
+    df = pd.DataFrame({"client_id": gen.integers(100, 105, n), "label": gen.integers(0, 3, n)})
+    df["feat"] = df.client_id.astype(float)  # the feature tells which client a row came from
+    df["noise"] = gen.normal(size=n)
+    path = tmp_path / "in.parquet"
+    df.to_parquet(path)
+    cfg = DataConfig(source="parquet", path=str(path), num_clients=5, partition={"kind": "natural"})
+    fd = build_federated(cfg, 0, tmp_path / "out")
+    for c, (x, _) in read_clients(fd.train_path, range(5)).items():
+        assert np.all(x[:, 0] == 100 + c)
+        assert len(x) >= 0.8 * np.sum(df.client_id == 100 + c)
+
+
+def test_federated_data_dict_round_trip(tmp_path):
+    fd = digits(tmp_path)
+    d = fd.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    back = FederatedData.from_dict(d)
+    assert back.to_dict() == d and np.array_equal(back.client_sizes, fd.client_sizes)
+    assert back.feature_shape == (64,) and back.image_shape == (1, 8, 8)
+
+
+def test_too_many_clients_is_an_error_naming_num_clients(tmp_path):
+    with pytest.raises(ValueError, match=r"data\.num_clients.*1438"):
+        build_federated(DataConfig(source="digits", num_clients=1500), 0, tmp_path)
+    with pytest.raises(ValueError, match=r"data\.num_clients.*min_size=200"):
+        build_federated(DataConfig(source="digits", num_clients=10, partition={"min_size": 200}), 0, tmp_path)
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,109 @@
+"""Partitioners: determinism, coverage, min_size, and the heterogeneity each one is for."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim.data import PARTITIONERS, PartitionConfig, partition, register_partitioner
+from raysim.data.partition import apportion
+from raysim.rng import SERVER, SETUP, stream
+
+KINDS = ["iid", "dirichlet", "shards", "quantity"]
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return stream(seed, SETUP, SERVER, "partition")
+
+
+@pytest.fixture
+def labels() -> np.ndarray:
+    """1000 samples, 10 balanced classes, shuffled."""
+    return stream(99, SETUP, SERVER, "labels").permutation(np.repeat(np.arange(10), 100))
+
+
+def label_entropy(labels: np.ndarray, ids: np.ndarray, num_clients: int) -> float:
+    """Mean over clients of the entropy (nats) of the client's label distribution."""
+    out = []
+    for c in range(num_clients):
+        p = np.bincount(labels[ids == c], minlength=10) / np.sum(ids == c)
+        out.append(-np.sum(p[p > 0] * np.log(p[p > 0])))
+    return float(np.mean(out))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deterministic_given_seed_and_different_across_seeds(labels, kind):
+    cfg = PartitionConfig(kind=kind)
+    a = partition(labels, 10, cfg, rng(0))
+    assert np.array_equal(a, partition(labels, 10, cfg, rng(0)))
+    assert not np.array_equal(a, partition(labels, 10, cfg, rng(1)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_sample_on_exactly_one_client_and_min_size(labels, kind):
+    cfg = PartitionConfig(kind=kind, alpha=0.1, min_size=20)
+    ids = partition(labels, 25, cfg, rng())
+    assert ids.shape == labels.shape and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < 25
+    sizes = np.bincount(ids, minlength=25)
+    assert sizes.sum() == len(labels) and sizes.min() >= 20
+
+
+def test_iid_equal_sizes(labels):
+    sizes = np.bincount(partition(labels, 7, PartitionConfig(kind="iid"), rng()), minlength=7)
+    assert sizes.max() - sizes.min() <= 1
+
+
+def test_dirichlet_small_alpha_skews_labels_more(labels):
+    skewed = partition(labels, 10, PartitionConfig(kind="dirichlet", alpha=0.05), rng())
+    mild = partition(labels, 10, PartitionConfig(kind="dirichlet", alpha=100.0), rng())
+    assert label_entropy(labels, skewed, 10) < 1.0 < 2.0 < label_entropy(labels, mild, 10)
+
+
+def test_dirichlet_repairs_min_size_when_redraws_fail(labels):
+    # alpha = 0.01 over 200 clients leaves most clients empty in every draw: the repair must act
+    ids = partition(labels, 200, PartitionConfig(kind="dirichlet", alpha=0.01, min_size=3), rng())
+    sizes = np.bincount(ids, minlength=200)
+    assert sizes.min() >= 3 and sizes.sum() == len(labels)
+
+
+def test_too_few_samples_for_min_size_is_a_clear_error(labels):
+    with pytest.raises(ValueError, match=r"data\.num_clients.*min_size"):
+        partition(labels, 101, PartitionConfig(kind="dirichlet", min_size=10), rng())
+
+
+@pytest.mark.parametrize("clients, per_client", [(10, 2), (25, 2), (5, 4)])
+def test_shards_give_at_most_shards_per_client_labels(labels, clients, per_client):
+    ids = partition(labels, clients, PartitionConfig(kind="shards", shards_per_client=per_client), rng())
+    for c in range(clients):
+        assert len(np.unique(labels[ids == c])) <= per_client
+
+
+def test_quantity_gives_unequal_sizes(labels):
+    sizes = np.bincount(partition(labels, 10, PartitionConfig(kind="quantity", quantity_sigma=1.0), rng()))
+    assert sizes.sum() == len(labels) and sizes.max() > 2 * sizes.min()
+
+
+def test_natural_passes_the_source_clients_through_and_checks_their_count(labels):
+    natural = np.arange(len(labels)) % 4
+    assert np.array_equal(partition(labels, 4, PartitionConfig(kind="natural"), rng(), natural=natural), natural)
+    with pytest.raises(ValueError, match=r"data\.num_clients"):
+        partition(labels, 5, PartitionConfig(kind="natural"), rng(), natural=natural)
+
+
+def test_registered_partitioner_is_usable_from_config(labels):
+    @register_partitioner("round_robin")
+    def round_robin(labels, num_clients, cfg, rng):
+        return np.arange(len(labels)) % num_clients
+
+    try:
+        ids = partition(labels, 3, PartitionConfig(kind="round_robin"), rng())
+        assert np.array_equal(np.bincount(ids), [334, 333, 333])
+    finally:
+        PARTITIONERS.pop("round_robin")
+
+
+def test_apportion_sums_and_respects_minimum():
+    sizes = apportion(100, np.array([1.0, 0.0, 3.0, 1e-9]), minimum=5)
+    assert sizes.sum() == 100 and sizes.min() >= 5
+    with pytest.raises(ValueError):
+        apportion(10, np.ones(3), minimum=4)

@@ -1,0 +1,134 @@
+"""Sources: shapes, ranges, determinism, offline generation, Synthetic(alpha, beta) heterogeneity, parquet."""
+from __future__ import annotations
+
+import random
+import socket
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raysim.data import SOURCES, DataConfig, Source, load_source, register_source
+
+
+def test_digits_is_the_bundled_8x8_set_in_unit_range():
+    src = load_source(DataConfig(source="digits", num_clients=1), seed=0)
+    assert src.x.shape == (1797, 64) and src.x.dtype == np.float32
+    assert src.x.min() == 0.0 and src.x.max() == 1.0
+    assert src.y.dtype == np.int64 and set(np.unique(src.y)) == set(range(10))
+    assert src.feature_shape == (64,) and src.image_shape == (1, 8, 8) and src.num_classes == 10
+    assert src.natural_clients is None
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a data source tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_mnist1d_generates_offline_deterministically(no_network, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the package's cached path would write ./mnist1d_data.pkl
+    np.random.seed(123)
+    random.seed(123)
+    before = np.random.random(), random.random()
+    np.random.seed(123)
+    random.seed(123)
+    cfg = DataConfig(source="mnist1d", num_clients=1, mnist1d_samples=500)
+    a = load_source(cfg, seed=0)
+    assert (np.random.random(), random.random()) == before  # global RNGs untouched
+    assert a.x.shape == (500, 40) and a.x.dtype == np.float32 and a.image_shape == (1, 40)
+    assert a.num_classes == 10 and np.array_equal(np.bincount(a.y), np.full(10, 50))
+    assert np.array_equal(a.x, load_source(cfg, seed=0).x)
+    assert not np.array_equal(a.x, load_source(cfg, seed=1).x)
+    assert list(tmp_path.iterdir()) == []
+
+
+def synthetic_heterogeneity(alpha: float, beta: float) -> tuple[float, float]:
+    """(mean per-client label entropy, spread of the per-client feature means), averaged over 3 seeds."""
+    out = []
+    for seed in range(3):
+        cfg = DataConfig(source="synthetic", num_clients=100, synthetic_samples=20000,
+                         synthetic_alpha=alpha, synthetic_beta=beta)
+        src = load_source(cfg, seed)
+        entropy, means = [], []
+        for k in range(100):
+            mine = src.natural_clients == k
+            p = np.bincount(src.y[mine], minlength=10) / mine.sum()
+            entropy.append(-np.sum(p[p > 0] * np.log(p[p > 0])))
+            means.append(src.x[mine].mean())
+        out.append((np.mean(entropy), np.std(means)))
+    return tuple(np.mean(out, axis=0))
+
+
+def test_synthetic_shapes_and_natural_clients():
+    cfg = DataConfig(source="synthetic", num_clients=20, synthetic_samples=3000, synthetic_features=12,
+                     synthetic_classes=5, partition={"kind": "natural", "min_size": 4})
+    src = load_source(cfg, seed=0)
+    assert src.x.shape == (3000, 12) and src.x.dtype == np.float32 and src.num_classes == 5
+    sizes = np.bincount(src.natural_clients, minlength=20)
+    assert len(sizes) == 20 and sizes.sum() == 3000 and sizes.min() >= 5  # ceil(4 / 0.8)
+    assert sizes.max() > 3 * np.median(sizes)  # lognormal client sizes
+    assert np.array_equal(src.x, load_source(cfg, seed=0).x)
+
+
+def test_synthetic_alpha_and_beta_increase_heterogeneity():
+    """Synthetic(0, 0) is already label-skewed (independent W_k); alpha skews each client's class
+    priors further, beta moves each client's features apart and skews labels strongly."""
+    entropy, spread = synthetic_heterogeneity(0.0, 0.0)
+    entropy_alpha, spread_alpha = synthetic_heterogeneity(10.0, 0.0)
+    entropy_beta, spread_beta = synthetic_heterogeneity(0.0, 10.0)
+    assert entropy_alpha < entropy - 0.05 and spread_alpha == pytest.approx(spread)
+    assert entropy_beta < entropy - 0.2 and spread_beta > 10 * spread
+
+
+def test_parquet_round_trip_keeps_the_natural_clients(tmp_path):
+    gen = np.random.default_rng(0)
+    n = 300
+    df = pd.DataFrame({
+        "user": gen.choice(["carol", "alice", "bob"], n),
+        "f0": gen.normal(size=n),
+        "f1": gen.integers(0, 5, n),
+        "note": ["text"] * n,  # not numeric: not a feature
+        "target": gen.choice(["cat", "dog"], n),
+    })
+    df["emb"] = list(gen.normal(size=(n, 3)))
+    path = tmp_path / "users.parquet"
+    df.to_parquet(path)
+    cfg = DataConfig(source="parquet", path=str(path), num_clients=3, client_column="user",
+                     label_column="target", partition={"kind": "natural"})
+    src = load_source(cfg, seed=0)
+    expected = np.column_stack([df.f0, df.f1, np.stack(df.emb)]).astype(np.float32)
+    assert src.feature_shape == (5,) and np.array_equal(src.x, expected)
+    assert src.num_classes == 2 and np.array_equal(src.y, (df.target == "dog").to_numpy())
+    names = np.array(["alice", "bob", "carol"])
+    assert np.array_equal(names[src.natural_clients], df.user.to_numpy())
+
+    subset = load_source(cfg.model_copy(update={"feature_columns": ["f1"]}), seed=0)
+    assert np.array_equal(subset.x[:, 0], df.f1.to_numpy())
+
+
+def test_parquet_errors_name_the_column(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pd.DataFrame({"a": [1.0, 2.0], "label": [0, 1]}).to_parquet(path)
+    with pytest.raises(ValueError, match="data.client_column"):
+        load_source(DataConfig(source="parquet", path=str(path), num_clients=1, partition={"kind": "natural"}), 0)
+    with pytest.raises(ValueError, match="data.label_column"):
+        load_source(DataConfig(source="parquet", path=str(path), num_clients=1, label_column="y"), 0)
+    with pytest.raises(ValueError, match="data.feature_columns"):
+        load_source(DataConfig(source="parquet", path=str(path), num_clients=1, feature_columns=["b"]), 0)
+
+
+def test_registered_source_and_its_shape_checks():
+    @register_source("tiny")
+    def tiny(cfg, seed):
+        return Source(np.zeros((4, 2), np.float32), np.array([0, 1, 0, 1]), (2,), 2)
+
+    try:
+        assert load_source(DataConfig(source="tiny", num_clients=2), 0).x.shape == (4, 2)
+    finally:
+        SOURCES.pop("tiny")
+    with pytest.raises(ValueError, match="float32"):
+        Source(np.zeros((4, 2)), np.zeros(4, np.int64), (2,), 2)

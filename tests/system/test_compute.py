@@ -1,0 +1,77 @@
+import math
+
+import numpy as np
+import pytest
+
+from raysim.rng import SETUP, stream
+from raysim.system import compute_time, expected_compute_phase, speed_factors
+
+
+def _phase_draws(b: int, k: int, reps: int, seed: int, shift: float = 1.0, rate: float = 1.0) -> np.ndarray:
+    """`reps` draws of a compute phase: k clients of b calls each, the slowest one ends it."""
+    times = compute_time(np.full((reps, k), b), stream(seed, 0, 0, "test"), shift, rate)
+    return times.max(axis=1)
+
+
+def test_zero_calls_take_no_time():
+    rng = stream(0, 0, 0, "test")
+    assert compute_time(0, rng, 1.0, 1.0) == 0.0
+    assert np.all(compute_time(np.array([0, 0]), rng, 3.0, 2.0) == 0.0)
+
+
+def test_negative_calls_rejected():
+    with pytest.raises(ValueError):
+        compute_time(-1, stream(0, 0, 0, "test"), 1.0, 1.0)
+
+
+def test_type_b_mean_2b_variance_b():
+    b, reps = 20, 200_000
+    t = compute_time(np.full(reps, b), stream(1, 0, 0, "test"), 1.0, 1.0)
+    # 4 s.e.: s.e.(mean) = sqrt(b/reps); s.e.(var) = b*sqrt((2 + 6/b)/reps) (Gamma kurtosis 6/b).
+    assert abs(t.mean() - 2 * b) < 4 * math.sqrt(b / reps)
+    assert abs(t.var() - b) < 4 * b * math.sqrt((2 + 6 / b) / reps)
+
+
+@pytest.mark.parametrize(
+    "b, k, reps, table",
+    [
+        (5, 100, 20_000, 17.393),
+        (10, 1000, 5_000, 33.528),
+        (1, 100, 20_000, 1 + sum(1 / i for i in range(1, 101))),
+        (1, 10_000, 500, 1 + sum(1 / i for i in range(1, 10_001))),
+    ],
+)
+def test_compute_phase_mean_matches_quadrature(b, k, reps, table):
+    exact = expected_compute_phase(b, k)
+    assert exact == pytest.approx(table, abs=1e-3)
+    draws = _phase_draws(b, k, reps, seed=b * k)
+    # 4 s.e. of the Monte Carlo mean, s.e. = sample sd / sqrt(reps).
+    assert abs(draws.mean() - exact) < 4 * draws.std(ddof=1) / math.sqrt(reps)
+
+
+def test_compute_phase_with_shift_and_rate():
+    b, k, reps, shift, rate = 5, 50, 20_000, 0.5, 2.0
+    draws = _phase_draws(b, k, reps, seed=7, shift=shift, rate=rate)
+    # 4 s.e. of the Monte Carlo mean.
+    assert abs(draws.mean() - expected_compute_phase(b, k, shift, rate)) < 4 * draws.std(ddof=1) / math.sqrt(reps)
+
+
+def test_speed_divides_time():
+    slow = compute_time(7, stream(3, 2, 1, "compute"), 1.0, 1.0)
+    fast = compute_time(7, stream(3, 2, 1, "compute"), 1.0, 1.0, speed=2.5)
+    assert fast == pytest.approx(slow / 2.5, rel=1e-15)
+
+
+def test_speed_factors_do_not_depend_on_federation_size():
+    small, large = speed_factors(5, 0.7, seed=11), speed_factors(40, 0.7, seed=11)
+    assert np.array_equal(small, large[:5])
+    assert large[3] == stream(11, SETUP, 3, "speed").lognormal(0.0, 0.7)
+    assert np.all(speed_factors(6, 0.0, seed=11) == 1.0)
+
+
+def test_speed_factors_are_lognormal():
+    sigma, n = 0.5, 4000
+    logs = np.log(speed_factors(n, sigma, seed=2))
+    # 4 s.e.: s.e.(mean) = sigma/sqrt(n); s.e.(sd) ~ sigma/sqrt(2n).
+    assert abs(logs.mean()) < 4 * sigma / math.sqrt(n)
+    assert abs(logs.std() - sigma) < 4 * sigma / math.sqrt(2 * n)

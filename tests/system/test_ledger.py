@@ -1,0 +1,28 @@
+import numpy as np
+
+from raysim.contract import Cost
+from raysim.system import Ledger, SystemConfig, SystemModel
+
+
+def test_ledger_accumulates(run_round):
+    model = SystemModel(SystemConfig.model_validate({"comm": {"phi": 2.0}, "compute": {"unit": "batch"}}), 0, 3)
+    ledger = Ledger()
+    costs = [Cost(oracle_calls=64, oracle_batches=2, upload_vectors=1.0, upload_bytes=400)] * 3
+    server = Cost(oracle_calls=10, oracle_batches=1)
+    first = run_round(model, 0, costs, server)
+    row = ledger.add(first, costs, server)
+    assert row == {"gamma": 3 + 2.0 * 3, "sim_time": first.round_time, "oracle_calls": 3 * 64 + 10, "upload_bytes": 1200}
+    second = run_round(model, 1, costs, server)
+    row = ledger.add(second, costs, server)
+    assert row["gamma"] == 18 and row["oracle_calls"] == 2 * 202 and row["upload_bytes"] == 2400
+    assert row["sim_time"] == first.round_time + second.round_time
+
+
+def test_ledger_counts_bytes_of_kept_clients_only():
+    model = SystemModel(SystemConfig(), 0, 3)
+    costs = [Cost(oracle_calls=5, upload_vectors=1.0, upload_bytes=100)] * 3
+    clients = np.arange(3)
+    dropped = np.array([False, True, False])
+    timing = model.close_round(0, clients, np.array([8.0, 20.0, 9.0]), costs, Cost(), 0.0, dropped)
+    row = Ledger().add(timing, costs, Cost())
+    assert row["upload_bytes"] == 200 and row["oracle_calls"] == 15

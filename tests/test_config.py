@@ -1,0 +1,78 @@
+"""Config validation: every error names its field and what is allowed, before Ray starts."""
+import pytest
+
+from raysim.config import ConfigError, dump_config, load_config, parse_override
+
+BASE = {
+    "name": "t",
+    "data": {"source": "digits", "num_clients": 10},
+    "algorithm": {"name": "fedavg", "rounds": 2, "clients_per_round": 5, "lr": 0.1},
+}
+
+
+def bad(overrides, *fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config(BASE, overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+    return str(err.value)
+
+
+def test_valid_config_resolves_defaults():
+    cfg = load_config(BASE)
+    assert cfg.algorithm_params().lr == 0.1 and cfg.algorithm_params().local_steps == 10
+    assert cfg.system.comm.mode == "burke" and cfg.system.clock.mode == "virtual"
+    assert "local_steps: 10" in dump_config(cfg)
+
+
+@pytest.mark.parametrize("overrides,fragments", [
+    ({"colour": "red"}, ["colour: unknown field"]),
+    ({"data.shuffle": True}, ["data.shuffle: unknown field"]),
+    ({"algorithm.lrr": 0.1}, ["algorithm.lrr: unknown field"]),
+    ({"algorithm.rounds": "ten"}, ["algorithm.rounds:", "valid integer", "'ten'"]),
+    ({"algorithm.lr": -0.1}, ["algorithm.lr:", "greater than 0", "-0.1"]),
+    ({"data.test_fraction": 1.5}, ["data.test_fraction:", "(0, 1)"]),
+    ({"data.test_fraction": 0.0}, ["data.test_fraction:"]),
+    ({"algorithm.clients_per_round": 11}, ["algorithm.clients_per_round:", "exceeds data.num_clients=10"]),
+    ({"system.stragglers.over_select": 6}, ["algorithm.clients_per_round:", "+6 over-selected"]),
+    ({"algorithm.name": "fedsgd"}, ["algorithm.name: unknown algorithm 'fedsgd'", "fedavg", "fedprox"]),
+    ({"model.name": "resnet"}, ["model.name:", "unknown model 'resnet'", "mlp"]),
+    ({"data.source": "imagenet"}, ["data.source:", "imagenet", "digits"]),
+    ({"system.comm.mode": "explicit", "system.comm.nu": 1.0}, ["system.comm", "unstable", "nu > 1"]),
+    ({"system.comm.phi": -1}, ["system.comm.phi:", "greater than or equal to 0"]),
+    ({"cluster.gpu_fraction": 1.5}, ["cluster.gpu_fraction:", "less than or equal to 1"]),
+    ({"algorithm.local_steps": 3, "algorithm.local_epochs": 1}, ["algorithm", "either local_steps or local_epochs"]),
+    ({"cluster.num_actors": 2, "cluster.clients_per_actor": 3}, ["cluster.num_actors:", "cannot host"]),
+])
+def test_bad_config_names_the_field(overrides, fragments):
+    bad(overrides, *fragments)
+
+
+def test_all_problems_reported_together():
+    message = bad({"algorithm.lr": -1, "data.test_fraction": 2}, "algorithm.lr", "data.test_fraction")
+    assert message.count("\n") >= 2
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_override("algorithm.lr=0.5") == ("algorithm.lr", 0.5)
+    assert parse_override("model.hidden=[32, 32]") == ("model.hidden", [32, 32])
+    assert parse_override("cluster.address=null") == ("cluster.address", None)
+    cfg = load_config(BASE, ["algorithm.lr=0.5", "model.hidden=[8]", "seed=3"])
+    assert cfg.algorithm_params().lr == 0.5 and cfg.model.hidden == [8] and cfg.seed == 3
+    with pytest.raises(ConfigError, match="expected key.sub=value"):
+        load_config(BASE, ["algorithm.lr"])
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_actor_layout():
+    cfg = load_config(BASE)
+    assert cfg.actor_layout(cpus=2) == (2, 5)
+    assert load_config(BASE, {"cluster.clients_per_actor": 1}).actor_layout(cpus=2) == (10, 1)
+    assert load_config(BASE, {"cluster.num_actors": 3}).actor_layout(cpus=2) == (3, 4)
