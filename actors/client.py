@@ -13,8 +13,9 @@ from raysim.config import load_config
 from raysim.contract import ClientData
 from raysim.data import FederatedData, read_clients
 from raysim.experiment import make_algorithm
+from raysim.registry import adopt
 from raysim.models import DTYPES
-from raysim.rng import stream
+from raysim.rng import SERVER, stream
 from raysim.system import SystemModel
 
 
@@ -42,6 +43,7 @@ class ClientShard:
         if cuda_memory_fraction is not None and torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
             device = "cuda"
+        adopt(algorithm_cls)
         self.cfg = load_config(config)
         self.fed = FederatedData.from_dict(data)
         self.algo = make_algorithm(self.cfg, self.fed, device, algorithm_cls)
@@ -54,6 +56,12 @@ class ClientShard:
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
     def ready(self) -> int:
+        """Under `clock: real`, run one discarded step first: the process's one-time torch warm-up
+        (about 2 s) would otherwise make round 1's clients stragglers of the real clock."""
+        if self.cfg.system.clock.mode == "real" and self.data:
+            c = next(iter(self.data))
+            plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up"))
+            self.algo.step(self.states[c], self.data[c], plan.broadcast, stream(self.cfg.seed, 0, c, "warm_up"))
         return len(self.data)
 
     def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool) -> ShardResult:

@@ -15,6 +15,7 @@ from raysim.config import load_config
 from raysim.contract import EvalData
 from raysim.data import FederatedData, read_table_arrays
 from raysim.experiment import make_algorithm
+from raysim.registry import adopt
 from raysim.models import DTYPES
 from raysim.rng import SERVER, SETUP, stream
 from raysim.system import Ledger, SystemModel
@@ -36,6 +37,7 @@ class Server:
     def __init__(self, config: dict, data: dict, algorithm_cls: type | None = None):
         torch.set_num_threads(1)
         self.config_tree = config
+        adopt(algorithm_cls)
         self.cfg = load_config(config)
         self.fed = FederatedData.from_dict(data)
         self.algorithm_cls = algorithm_cls
@@ -56,7 +58,8 @@ class Server:
         if n_actors * r.num_cpus > res.get("CPU", 1) + 1e-9:
             raise ValueError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
                              f" cluster's {res.get('CPU', 1):g} CPUs; the actors could never all start")
-        concurrency = self.per_actor if self.cfg.system.clock.mode == "real" else 1
+        # real clock: one call per client; late ones still sleep while the next round starts
+        concurrency = 2 * self.per_actor if self.cfg.system.clock.mode == "real" else 1
         n = self.fed.num_clients
         for i in range(n_actors):
             clients = list(range(i * self.per_actor, min(n, (i + 1) * self.per_actor)))

@@ -104,6 +104,8 @@ class FedAvg(Algorithm):
         self.module = build_model(ctx.model, ctx.feature_shape, ctx.image_shape, ctx.num_classes)
         self.spec = ParamSpec.of(self.module)
         self.dtype = DTYPES[ctx.model.dtype]
+        self.device = torch.device(ctx.device)
+        self.module.to(self.device)
         self._grad = grad(self._loss)
         self._vgrad = vmap(self._grad)
 
@@ -124,17 +126,18 @@ class FedAvg(Algorithm):
 
     def _reply(self, theta: torch.Tensor, theta_g: torch.Tensor, data: ClientData, bp: BatchPlan) -> tuple:
         weight = float(len(data)) if self.params.weighting == "samples" else 1.0
-        delta = (theta - theta_g).numpy()
+        delta = (theta - theta_g).cpu().numpy()
         cost = Cost(oracle_calls=int(bp.w.sum()), oracle_batches=len(bp.w), upload_vectors=1.0,
                     upload_bytes=delta.nbytes)
         return WeightedDelta(weight * delta, weight), None, cost
 
     def step(self, cstate, data: ClientData, broadcast: np.ndarray, rng: np.random.Generator):
         """The per-client reference: local SGD on one client, one step at a time."""
-        theta_g = torch.as_tensor(broadcast, dtype=self.dtype)
+        theta_g = torch.tensor(broadcast, dtype=self.dtype, device=self.device)
         theta = theta_g.clone()
         bp = self._plan_for(data, rng)
-        idx, w = torch.from_numpy(bp.idx), torch.from_numpy(bp.w).to(self.dtype)
+        idx = torch.from_numpy(bp.idx).to(self.device)
+        w = torch.from_numpy(bp.w).to(self.device, self.dtype)
         for s in range(len(bp.idx)):
             g = self.spec.flatten(self._grad(self.spec.unflatten(theta), data.x[idx[s]], data.y[idx[s]], w[s]))
             theta = theta - self.params.lr * (g + self.mu * (theta - theta_g))
@@ -149,11 +152,12 @@ class FedAvg(Algorithm):
         steps = max(len(p.idx) for p in plans)
         bsz = max(p.idx.shape[1] for p in plans)
         nmax = max(len(d) for d in datas)
-        x = torch.zeros((k, nmax, *datas[0].x.shape[1:]), dtype=self.dtype)
-        y = torch.zeros((k, nmax), dtype=torch.int64)
-        idx = torch.zeros((k, steps, bsz), dtype=torch.int64)
-        w = torch.zeros((k, steps, bsz), dtype=self.dtype)
-        active = torch.zeros((k, steps, 1), dtype=self.dtype)
+        on = {"device": self.device}
+        x = torch.zeros((k, nmax, *datas[0].x.shape[1:]), dtype=self.dtype, **on)
+        y = torch.zeros((k, nmax), dtype=torch.int64, **on)
+        idx = torch.zeros((k, steps, bsz), dtype=torch.int64, **on)
+        w = torch.zeros((k, steps, bsz), dtype=self.dtype, **on)
+        active = torch.zeros((k, steps, 1), dtype=self.dtype, **on)
         for i, (d, p) in enumerate(zip(datas, plans)):
             x[i, : len(d)] = d.x
             y[i, : len(d)] = d.y
@@ -161,9 +165,9 @@ class FedAvg(Algorithm):
             idx[i, :s, :b] = torch.from_numpy(p.idx)
             w[i, :s, :b] = torch.from_numpy(p.w)
             active[i, :s] = 1.0
-        theta_g = torch.as_tensor(broadcast, dtype=self.dtype)
+        theta_g = torch.tensor(broadcast, dtype=self.dtype, device=self.device)
         theta = theta_g.expand(k, -1).clone()
-        rows = torch.arange(k)[:, None]
+        rows = torch.arange(k, device=self.device)[:, None]
         for s in range(steps):
             xb, yb = x[rows, idx[:, s]], y[rows, idx[:, s]]
             g = self.spec.flatten(self._vgrad(self.spec.unflatten(theta), xb, yb, w[:, s]))
@@ -181,7 +185,7 @@ class FedAvg(Algorithm):
 
     def evaluate(self, state: ServerState, data: EvalData) -> dict[str, float]:
         """Test accuracy and loss, and the loss on (a capped sample of) the pooled training data."""
-        params = self.spec.unflatten(torch.as_tensor(state.params, dtype=self.dtype))
+        params = self.spec.unflatten(torch.tensor(state.params, dtype=self.dtype, device=self.device))
         with torch.no_grad():
             logits = functional_call(self.module, params, (data.test_x,))
             train_logits = functional_call(self.module, params, (data.train_x,))

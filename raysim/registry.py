@@ -42,3 +42,9 @@ def get_algorithm(name: str) -> type:
     if name not in algos:
         raise ValueError(f"algorithm.name: unknown algorithm {name!r}; allowed: {sorted(algos)}")
     return algos[name]
+
+
+def adopt(cls: type | None) -> None:
+    """Register a class shipped by value to a worker process, where its decorator never ran."""
+    if cls is not None:
+        ALGORITHMS.setdefault(cls.name, cls)
