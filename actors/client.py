@@ -3,7 +3,7 @@ the algorithm's client step for those selected in a round. Only (Reply, Cost) le
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -30,7 +30,6 @@ class ShardResult:
     replies: list
     reduced: bool
     real_seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 class ClientShard:
@@ -87,9 +86,6 @@ class ClientShard:
             kept = [r for r, t in zip(replies, times) if deadline is None or t <= deadline]
             replies = [self.algo.reduce(kept)] if kept else []
         return ShardResult(clients, costs, times, replies, reduce, time.perf_counter() - t0)
-
-    def get_states(self, clients: list[int]) -> dict[int, Any]:
-        return {c: self.states[c] for c in clients}
 
 
 @ray.remote

@@ -124,6 +124,7 @@ class Server:
         lost = sorted(late)
         row = {
             "round": round,
+            "phase": plan.phase,
             "clients": int(len(arrived) - dropped.sum()),
             "selected": int(len(clients)),
             "dropped": int(dropped.sum()) + len(lost),

@@ -6,7 +6,7 @@ RNGs, so the same code runs in a unit test and on a cluster.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,21 +27,14 @@ class Cost:
     upload_vectors: float = 0.0
     upload_bytes: int = 0
 
-    def __add__(self, other: "Cost") -> "Cost":
-        return Cost(
-            self.oracle_calls + other.oracle_calls,
-            self.oracle_batches + other.oracle_batches,
-            self.upload_vectors + other.upload_vectors,
-            self.upload_bytes + other.upload_bytes,
-        )
-
 
 @dataclass
 class Plan:
     """What the server asks of one round: which clients take part and what they receive.
 
     `broadcast` is put in the object store once and shared by reference by every client actor.
-    An empty `clients` array is a server-only round (the paper's Type B epoch).
+    An empty `clients` array is a server-only round (the paper's Type B epoch). `phase` names the
+    round's kind for multi-phase algorithms and is recorded in rounds.parquet.
     """
 
     clients: np.ndarray
@@ -70,7 +63,6 @@ class Context:
     model: Any
     params: Any
     device: str = "cpu"
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -14,6 +14,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from raysim.registry import check_registered
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -44,9 +46,7 @@ class ModelConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        if name not in MODELS:
-            raise ValueError(f"unknown model {name!r}; allowed: {sorted(MODELS)}")
-        return name
+        return check_registered("model", name, MODELS)
 
 
 @register_model("logreg")

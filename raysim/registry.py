@@ -5,6 +5,7 @@ Built-in families live in `raysim.algorithms`; third-party packages add theirs t
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 
 ALGORITHMS: dict[str, type] = {}
@@ -36,12 +37,20 @@ def algorithms() -> dict[str, type]:
     return ALGORITHMS
 
 
+def check_registered(what: str, name: str, allowed: Iterable[str]) -> str:
+    """`name` if it is among `allowed`, else a ValueError that lists what is."""
+    allowed = sorted(allowed)
+    if name not in allowed:
+        raise ValueError(f"unknown {what} {name!r}; allowed: {allowed}")
+    return name
+
+
 def get_algorithm(name: str) -> type:
     """The algorithm class registered as `name`, or a ValueError listing what exists."""
-    algos = algorithms()
-    if name not in algos:
-        raise ValueError(f"algorithm.name: unknown algorithm {name!r}; allowed: {sorted(algos)}")
-    return algos[name]
+    try:
+        return algorithms()[check_registered("algorithm", name, algorithms())]
+    except ValueError as e:
+        raise ValueError(f"algorithm.name: {e}") from None
 
 
 def adopt(cls: type | None) -> None:

@@ -59,8 +59,7 @@ def _metric_text(row: dict) -> str:
 
 
 def _check_finite(row: dict) -> None:
-    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)
-           and k not in ("compute_time", "finish_time")]
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         raise DivergenceError(f"round {row['round']}: {', '.join(bad)} became non-finite (NaN/inf); "
                               "the run diverged (try a smaller algorithm.lr). Finished rounds are saved.")

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from raysim.data.partition import NATURAL, PARTITIONERS
 from raysim.data.sources import NATURAL_SOURCES, SOURCES
+from raysim.registry import check_registered
 
 
 class PartitionConfig(BaseModel):
@@ -25,10 +26,7 @@ class PartitionConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:
-        allowed = sorted([*PARTITIONERS, NATURAL])
-        if kind not in allowed:
-            raise ValueError(f"unknown partitioner {kind!r}; allowed: {allowed}")
-        return kind
+        return check_registered("partitioner", kind, [*PARTITIONERS, NATURAL])
 
 
 class DataConfig(BaseModel):
@@ -54,9 +52,7 @@ class DataConfig(BaseModel):
     @field_validator("source")
     @classmethod
     def _known_source(cls, source: str) -> str:
-        if source not in SOURCES:
-            raise ValueError(f"unknown source {source!r}; allowed: {sorted(SOURCES)}")
-        return source
+        return check_registered("source", source, SOURCES)
 
     @field_validator("test_fraction")
     @classmethod

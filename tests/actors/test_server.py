@@ -143,6 +143,7 @@ def test_epoch_types_fall_out_of_the_costs(ray_cluster, tmp_path):
                          "algorithm": {"name": "abc_epochs", "rounds": 6, "clients_per_round": m},
                          "system": {"comm": {"phi": phi}}, "cluster": {"num_actors": 2}}, out=tmp_path / "abc")
     rounds = result.rounds.set_index("round")
+    assert list(rounds["phase"]) == list("BACBAC")
     step = [5, 3 + phi * m, phi * m] * 2
     np.testing.assert_allclose(rounds["gamma"], np.cumsum(step))
     np.testing.assert_array_equal(rounds["oracle_calls"], np.cumsum([5, 3 * m, 0] * 2))
