@@ -63,6 +63,7 @@ class Context:
     model: Any
     params: Any
     device: str = "cpu"
+    train_path: str | None = None  # the pooled training Parquet, for server-side data (e.g. FedLRGD's r samples)
 
 
 @dataclass

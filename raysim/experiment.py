@@ -23,6 +23,7 @@ def make_context(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu"
         model=cfg.model,
         params=cfg.algorithm_params(),
         device=device,
+        train_path=data.train_path,
     )
 
 
