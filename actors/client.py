@@ -45,7 +45,7 @@ class ClientShard:
         adopt(algorithm_cls)
         self.cfg = load_config(config)
         self.fed = FederatedData.from_dict(data)
-        self.algo = make_algorithm(self.cfg, self.fed, device, algorithm_cls)
+        self.algo = make_algorithm(self.cfg, self.fed, device)
         dtype = DTYPES[self.cfg.model.dtype]
         self.data = {
             c: ClientData(c, torch.tensor(x, dtype=dtype, device=device), torch.tensor(y, device=device))

@@ -41,7 +41,7 @@ class Server:
         self.cfg = load_config(config)
         self.fed = FederatedData.from_dict(data)
         self.algorithm_cls = algorithm_cls
-        self.algo = make_algorithm(self.cfg, self.fed, "cpu", algorithm_cls)
+        self.algo = make_algorithm(self.cfg, self.fed, "cpu")
         self.state = self.algo.init()
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
         self.ledger = Ledger()

@@ -1,7 +1,6 @@
 """Build an experiment's algorithm the same way in the driver, the actors and unit tests."""
 from __future__ import annotations
 
-from typing import Any
 
 from raysim.config import ExperimentConfig
 from raysim.contract import Algorithm, Context
@@ -27,7 +26,6 @@ def make_context(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu"
     )
 
 
-def make_algorithm(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu", cls: type | None = None) -> Algorithm:
-    """Instantiate the configured algorithm (or `cls`, a class shipped by value to actors)."""
-    algo_cls: Any = cls or get_algorithm(cfg.algorithm.name)
-    return algo_cls(make_context(cfg, data, device))
+def make_algorithm(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu") -> Algorithm:
+    """Instantiate the configured algorithm (a class shipped to an actor is `adopt`ed first)."""
+    return get_algorithm(cfg.algorithm.name)(make_context(cfg, data, device))

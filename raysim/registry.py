@@ -47,8 +47,9 @@ def check_registered(what: str, name: str, allowed: Iterable[str]) -> str:
 
 def get_algorithm(name: str) -> type:
     """The algorithm class registered as `name`, or a ValueError listing what exists."""
+    algos = algorithms()
     try:
-        return algorithms()[check_registered("algorithm", name, algorithms())]
+        return algos[check_registered("algorithm", name, algos)]
     except ValueError as e:
         raise ValueError(f"algorithm.name: {e}") from None
 
