@@ -2,13 +2,16 @@
 the algorithm's client step for those selected in a round. Only (Reply, Cost) leaves the actor."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from raysim import checkpoint
 from raysim.config import load_config
 from raysim.contract import ClientData
 from raysim.data import FederatedData, read_clients
@@ -36,7 +39,7 @@ class ClientShard:
     """The actor's logic without Ray, so the same code runs in-process in tests."""
 
     def __init__(self, config: dict, data: dict, clients: list[int], torch_threads: int = 1,
-                 cuda_memory_fraction: float | None = None, algorithm_cls: type | None = None):
+                 cuda_memory_fraction: float | None = None, algorithm_cls: type | None = None, shard: int = 0):
         torch.set_num_threads(torch_threads)
         device = "cpu"
         if cuda_memory_fraction is not None and torch.cuda.is_available():
@@ -51,32 +54,53 @@ class ClientShard:
             c: ClientData(c, torch.tensor(x, dtype=dtype, device=device), torch.tensor(y, device=device))
             for c, (x, y) in read_clients(self.fed.train_path, clients).items()
         }
+        self.shard, self.clients = shard, clients
         self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
-    def ready(self) -> int:
+    def ready(self) -> dict:
         """Under `clock: real`, run one discarded step first: the process's one-time torch warm-up
         (about 2 s) would otherwise make round 1's clients stragglers of the real clock."""
         if self.cfg.system.clock.mode == "real" and self.data:
             c = next(iter(self.data))
             plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up"))
             self.algo.step(self.states[c], self.data[c], plan.broadcast, stream(self.cfg.seed, 0, c, "warm_up"))
-        return len(self.data)
+        return {"clients": len(self.data), "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""}
 
-    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool) -> ShardResult:
-        """Run `clients`' step for `round`; sleep their sampled time under `clock: real`."""
-        t0 = time.perf_counter()
+    def save(self, ckpt: str) -> None:
+        """Write this shard's client states into the checkpoint folder `ckpt`."""
+        checkpoint.save(ray.cloudpickle.dumps(self.states), checkpoint.shard_path(Path(ckpt), self.shard))
+
+    def restore(self, ckpt: str | None, replay: list[tuple[int, list[int], Any]]) -> None:
+        """Refill client states after a restart: from checkpoint `ckpt` (None: client_init), then
+        re-run the logged rounds since it (round, this shard's clients, broadcast) to reach the present."""
+        self.states = (checkpoint.load(checkpoint.shard_path(Path(ckpt), self.shard)) if ckpt
+                       else {c: self.algo.client_init(c) for c in self.clients})
+        for round, clients, broadcast in replay:
+            self._steps(round, clients, ray.get(broadcast) if isinstance(broadcast, ray.ObjectRef) else broadcast)
+
+    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> list:
+        """The clients' steps for `round` (updating their states); `fail` kills the process after the first."""
         datas = [self.data[c] for c in clients]
         states = [self.states[c] for c in clients]
         rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
+        if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
+            self.algo.step(states[0], datas[0], broadcast, rngs[0])
+            os._exit(1)
         if self.cfg.algorithm.vectorize:
             outs = self.algo.step_many(states, datas, broadcast, rngs)
         else:
             outs = [self.algo.step(s, d, broadcast, r) for s, d, r in zip(states, datas, rngs)]
-        replies = [o[0] for o in outs]
-        costs = [o[2] for o in outs]
         for c, o in zip(clients, outs):
             self.states[c] = o[1]
+        return outs
+
+    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
+        """Run `clients`' step for `round`; sleep their sampled time under `clock: real`."""
+        t0 = time.perf_counter()
+        outs = self._steps(round, clients, broadcast, fail)
+        replies = [o[0] for o in outs]
+        costs = [o[2] for o in outs]
         times = [self.system.client_compute_time(round, c, cost) for c, cost in zip(clients, costs)]
         clock = self.cfg.system.clock
         if clock.mode == "real":

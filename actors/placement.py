@@ -4,6 +4,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
 from raysim.config import ClusterConfig
 
 
@@ -36,3 +39,11 @@ def client_resources(cluster: ClusterConfig, num_actors: int, total_cpus: float,
         frac = _floor4(cluster.gpu_fraction or min(1.0, total_gpus / num_actors))
         return ActorResources(cpus, frac, max(1, int(cpus)), frac)
     return ActorResources(cpus, 0.0, max(1, int(cpus)), None)
+
+
+def client_scheduling() -> str | PlacementGroupSchedulingStrategy:
+    """Client actors spread over the nodes; but when the server runs in a placement group that captures
+    its children (a Ray Tune trial of `raysim sweep`), inside that group: any other explicit strategy
+    would take them out of the trial's reserved bundles, and concurrent trials would starve each other."""
+    pg = ray.util.get_current_placement_group()
+    return "SPREAD" if pg is None else PlacementGroupSchedulingStrategy(pg)

@@ -1,2 +1,2 @@
 """Built-in algorithm families; importing this package registers them."""
-from raysim.algorithms import fedavg, fedlrgd, kernel  # noqa: F401
+from raysim.algorithms import fedavg, fedfisher, fedlrgd, fedzo, fzoos, kernel, oneshot, sketching  # noqa: F401

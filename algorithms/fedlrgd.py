@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call, grad, vmap
 
+from raysim.algorithms.fedavg import LossKind, sample_losses
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.models import ParamSpec, build_model, initial_vector
 from raysim.registry import register_algorithm
@@ -142,8 +143,8 @@ class FedLRGDParams(BaseModel):
 
     r: int = Field(4, ge=1, description="approximate rank = server samples = pivot parameters")
     S: int = Field(20, ge=0, description="inexact GD iterations in the last epoch")
-    L1: float | None = Field(None, gt=0, description="smoothness; None: logreg bound for features in [0,1]")
-    loss: Literal["ce", "mse"] = "ce"
+    L1: float | None = Field(None, gt=0, description="smoothness; None: the logreg/linear bound for features in [0,1]")
+    loss: LossKind = Field("ce", description="ce (labels or soft classes), bce (soft-label logistic (66)), mse")
     mu: float = Field(0.0, ge=0, description="ℓ2 weight: f = loss + mu/2 ‖θ‖² per sample")
     theta0: Literal["model_init", "zeros"] = "model_init"
     pivot_dist: Literal["normal", "uniform"] = "normal"
@@ -222,11 +223,12 @@ class FedLRGD(Algorithm):
     # ---- setup
 
     def _default_L1(self) -> float:
-        """Bound on L1 for `logreg` with features in [0, 1] (spec §8.17): ½‖x'‖² (ce) or ‖x'‖² (mse) + mu."""
-        if self.ctx.model.name != "logreg":
-            raise ValueError("fedlrgd: set L1 (the smoothness constant) for models other than logreg")
-        sq = math.prod(self.ctx.feature_shape) + 1  # max ‖(x, 1)‖² on [0, 1]^d
-        return (0.5 if self.params.loss == "ce" else 1.0) * sq + self.params.mu
+        """Bound on L1 for `logreg` / `linear` with features in [0, 1] (spec §8.17): c·max‖x'‖² + mu with
+        c = ½ (ce), ¼ (bce), 1 (mse), x' = (x, 1) with logreg's bias."""
+        if self.ctx.model.name not in ("logreg", "linear"):
+            raise ValueError("fedlrgd: set L1 (the smoothness constant) for models other than logreg and linear")
+        sq = math.prod(self.ctx.feature_shape) + (self.ctx.model.name == "logreg")  # max ‖x'‖² on [0, 1]^d
+        return {"ce": 0.5, "bce": 0.25, "mse": 1.0}[self.params.loss] * sq + self.params.mu
 
     def _server_samples(self, given: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.params.r
@@ -247,17 +249,19 @@ class FedLRGD(Algorithm):
         return x[:r].to(self.device, F64), self._labels(y[:r]).to(self.device)
 
     def _labels(self, y: torch.Tensor) -> torch.Tensor:
-        return y.to(F64) if (self.params.loss == "mse" or y.is_floating_point()) else y.long()
+        return y.to(F64) if (self.params.loss != "ce" or y.is_floating_point()) else y.long()
 
     def loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Per-sample f(x, y; θ): cross-entropy (int or soft-label y) or ½‖out − y‖², plus mu/2 ‖θ‖²."""
-        out = functional_call(self.module, self.spec.unflatten(theta), (x.unsqueeze(0),))[0]
-        if self.params.loss == "ce":
-            f = F.cross_entropy(out.unsqueeze(0), y.unsqueeze(0))
-        else:
-            target = y.reshape(out.shape) if y.numel() == out.numel() else F.one_hot(y.long(), out.numel()).to(F64)
-            f = 0.5 * ((out - target) ** 2).sum()
-        return f + 0.5 * self.params.mu * (theta * theta).sum()
+        """Per-sample f(x, y; θ): the configured loss (fedavg.sample_losses) plus mu/2 ‖θ‖²."""
+        out = functional_call(self.module, self.spec.unflatten(theta), (x.unsqueeze(0),))
+        y = y.unsqueeze(0)
+        if self.params.loss == "mse" and y.is_floating_point() and y.numel() != out.numel():
+            y = F.one_hot(y.long(), out.shape[-1]).to(F64)  # float class labels as one-hot targets
+        return sample_losses(out, y, self.params.loss)[0] + 0.5 * self.params.mu * (theta * theta).sum()
+
+    def objective(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """F(θ) = mean over (x, y) of the per-sample loss (mu term included), differentiable in θ."""
+        return vmap(self.loss, in_dims=(None, 0, 0))(theta.to(F64), x.to(F64), self._labels(y)).mean()
 
     # ---- contract
 
@@ -357,18 +361,20 @@ class FedLRGD(Algorithm):
         return gradient_estimate(g0, self.vbar(state), self.n).cpu().numpy()
 
     def evaluate(self, state: FedLRGDState, data: EvalData) -> dict[str, float]:
-        """Test/train metrics of θ, the worst finite cond(G^(i)) and the singular and fallback coordinate counts."""
-        params = self.spec.unflatten(torch.as_tensor(state.params, device=self.device))
+        """Test/train metrics of θ, the objective F(θ) (mu term included) on the pooled training sample,
+        the worst finite cond(G^(i)) and the singular and fallback coordinate counts."""
+        theta = torch.as_tensor(state.params, device=self.device)
+        params = self.spec.unflatten(theta)
+        kind = self.params.loss
+        test_y, train_y = self._labels(data.test_y.to(self.device)), self._labels(data.train_y.to(self.device))
         with torch.no_grad():
             out = functional_call(self.module, params, (data.test_x.to(self.device, F64),))
             tr = functional_call(self.module, params, (data.train_x.to(self.device, F64),))
         m: dict[str, float] = {"cond_max": state.cond_max, "singular_coords": float(state.singular_coords),
                                "fallback_coords": float(state.fallback_coords)}
-        if self.params.loss == "ce":
-            m["test_accuracy"] = float((out.argmax(1) == data.test_y.to(self.device)).double().mean())
-            m["test_loss"] = float(F.cross_entropy(out, data.test_y.to(self.device)))
-            m["train_loss"] = float(F.cross_entropy(tr, data.train_y.to(self.device)))
-        else:
-            m["test_loss"] = float(0.5 * ((out.squeeze(-1) - data.test_y.to(self.device, F64)) ** 2).mean())
-            m["train_loss"] = float(0.5 * ((tr.squeeze(-1) - data.train_y.to(self.device, F64)) ** 2).mean())
+        if kind == "ce" and not test_y.is_floating_point():
+            m["test_accuracy"] = float((out.argmax(1) == test_y).double().mean())
+        m["test_loss"] = float(sample_losses(out, test_y, kind).mean())
+        m["train_loss"] = float(sample_losses(tr, train_y, kind).mean())
+        m["train_objective"] = m["train_loss"] + 0.5 * self.params.mu * float((theta * theta).sum())
         return m

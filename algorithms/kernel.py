@@ -20,6 +20,12 @@ pass of exact proxes each centred at the running local iterate.
 
 FedProx's `eta` is the paper's prox step; Li et al.'s mu is 1/eta (give one of them).
 The pure functions below are the math; the classes only wire them into the contract.
+
+Targets are responses (n,), or the regression sources' pairs [response, f_i*(x)] (n, 2): clients
+train on the response; the noise-free truth is an evaluation-only oracle (§2.3). With it, clients
+report the SSE of the broadcast f_{t-1} against f_i* and evaluate() adds ||f_{t-1} - f*||_N^2,
+the test error against f*, ||theta_t - theta*|| (feature form, when the test truth is one
+function of the RKHS) and, for `gain_clients`, the federation gain FG_j of §4.3 per round.
 """
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ import scipy.linalg as sla
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
-from raysim.kernels import as_points, make_kernel
+from raysim.federation_gain import empirical_gain, local_estimator
+from raysim.kernels import GPyTorch, as_points, make_kernel
 from raysim.registry import register_algorithm
 
 Method = Literal["fedavg", "fedprox"]
@@ -166,20 +173,68 @@ def preconditioner(Sigma: np.ndarray, eta: float, method: Method, s: int = 1) ->
     return eta * local_P(Sigma, eta, method, s)
 
 
-def fixed_point(Sigmas, bs, weights, eta: float, method: Method, s: int = 1) -> np.ndarray:
-    """theta_inf = (sum w_i C_i Sigma_i)^+ sum w_i C_i b_i (full-batch; pinv leaves unseen coordinates at 0)."""
+def fixed_point_solver(Sigmas, weights, eta: float, method: Method, s: int = 1):
+    """bs -> theta_inf for fixed covariates: the map of `fixed_point`, factored once (sweeps over responses)."""
     D = Sigmas[0].shape[0]
-    A, c = np.zeros((D, D)), np.zeros(D)
-    for S, b, w in zip(Sigmas, bs, weights):
+    A, WC = np.zeros((D, D)), []
+    for S, w in zip(Sigmas, weights):
         C = preconditioner(S, eta, method, s)
         A += w * (C @ S)
-        c += w * (C @ b)
-    return np.linalg.pinv(A) @ c
+        WC.append(w * C)
+    A_pinv = np.linalg.pinv(A)
+
+    def solve(bs) -> np.ndarray:
+        c = np.zeros(D)
+        for wc, b in zip(WC, bs):
+            c += wc @ b
+        return A_pinv @ c
+
+    return solve
+
+
+def fixed_point(Sigmas, bs, weights, eta: float, method: Method, s: int = 1) -> np.ndarray:
+    """theta_inf = (sum w_i C_i Sigma_i)^+ sum w_i C_i b_i (full-batch; pinv leaves unseen coordinates at 0)."""
+    return fixed_point_solver(Sigmas, weights, eta, method, s)(bs)
+
+
+def expected_prediction_error(G: np.ndarray, sizes, truth: np.ndarray, sigma: float, eta: float, method: Method,
+                              s: int, rounds) -> np.ndarray:
+    """E_xi ||f_t - f*||_N^2 from f_0 = 0 at each t in `rounds`, exactly (spec §5.6): with L = I - eta K_x P,
+    f_t(x) - f*(x) = -L^t f*(x) + (I - L^t) xi, so the error is (||L^t f*||^2 + sigma^2 ||I - L^t||_F^2)/N.
+    K_x P is similar to the symmetric S = P^1/2 K_x P^1/2 = U diag(lam) U', so L^t = V diag((1 - eta lam)^t) W
+    with V = P^-1/2 U, W = U' P^1/2."""
+    N = len(truth)
+    mu, Q = np.linalg.eigh(global_P(G, sizes, eta, method, s))
+    mu = np.clip(mu, 1e-300, None)
+    half, inv_half = (Q * np.sqrt(mu)) @ Q.T, (Q / np.sqrt(mu)) @ Q.T
+    lam, U = np.linalg.eigh(half @ (G / N) @ half)
+    V, W = inv_half @ U, U.T @ half
+    H = (V.T @ V) * (W @ W.T)  # ||V diag(a) W||_F^2 = a' H a
+    Wf, decay = W @ truth, 1.0 - eta * lam
+    out = []
+    for t in rounds:
+        d = decay ** t
+        bias = V @ (d * Wf)
+        a = 1.0 - d
+        out.append((bias @ bias + sigma ** 2 * (a @ H @ a)) / N)
+    return np.array(out)
 
 
 def global_gradient(theta: np.ndarray, Sigmas, bs, weights) -> np.ndarray:
     """grad l(theta) = sum w_i (Sigma_i theta - b_i) for l = sum w_i l_i (Sec. 3; Sec. 6.1's is twice this)."""
     return sum(w * (S @ theta - b) for S, b, w in zip(Sigmas, bs, weights))
+
+
+def truth_coefficients(Phi: np.ndarray, truth: np.ndarray, rtol: float = 1e-9) -> np.ndarray | None:
+    """The theta* with Phi theta* = truth when these noise-free values pin down one function of the
+    RKHS (Phi of full column rank, truth consistent to rtol); None otherwise (too few points, or
+    truths of different clients)."""
+    if len(truth) < Phi.shape[1]:
+        return None
+    theta, _, rank, _ = np.linalg.lstsq(Phi, truth, rcond=None)
+    if rank < Phi.shape[1] or np.linalg.norm(Phi @ theta - truth) > rtol * max(1.0, np.linalg.norm(truth)):
+        return None
+    return theta
 
 
 # ----------------------------------------------------------------------------- contract
@@ -195,14 +250,21 @@ class KernelFedAvgParams(BaseModel):
     lengthscale: float = Field(1.0, gt=0, description="rbf / matern")
     variance: float = Field(1.0, gt=0, description="rbf / matern")
     nu: float = Field(2.5, description="matern smoothness: 0.5, 1.5 or 2.5")
+    backend: Literal["raysim", "gpytorch"] = Field("raysim", description="Gram provider of rbf / matern")
     eta: float = Field(0.1, gt=0)
     local_steps: int = Field(1, ge=1, description="s")
     batch_size: int | None = Field(None, ge=1, description="None: full local batch")
+    gain_clients: list[int] = Field(default_factory=list,
+                                    description="clients whose federation gain FG_j is evaluated (feature form)")
 
     @model_validator(mode="after")
     def _form_fits_kernel(self):
         if self.form == "feature" and self.kernel not in ("linear", "monomial"):
             raise ValueError(f"form: feature needs a finite-rank kernel (linear, monomial), not {self.kernel!r}")
+        if self.backend == "gpytorch" and self.kernel not in ("rbf", "matern"):
+            raise ValueError(f"backend: gpytorch provides rbf and matern, not {self.kernel!r}")
+        if self.gain_clients and self.form != "feature":
+            raise ValueError("gain_clients: the federation gain needs form: feature")
         if self.kernel == "matern" and self.nu not in (0.5, 1.5, 2.5):
             raise ValueError("nu must be 0.5, 1.5 or 2.5")
         return self
@@ -226,6 +288,8 @@ class KernelFedProxParams(KernelFedAvgParams):
 
 def kernel_of(p: KernelFedAvgParams):
     """The kernel object the params name."""
+    if p.backend == "gpytorch":
+        return GPyTorch(p.kernel, p.lengthscale, p.variance, p.nu)
     if p.kernel == "monomial":
         return make_kernel("monomial", degree=p.degree)
     if p.kernel == "rbf":
@@ -235,20 +299,39 @@ def kernel_of(p: KernelFedAvgParams):
     return make_kernel(p.kernel)
 
 
-def targets(y) -> np.ndarray:
-    """Regression targets as float64 (torch or numpy)."""
+def split_targets(y) -> tuple[np.ndarray, np.ndarray | None]:
+    """(responses, noise-free truth or None) as float64 (torch or numpy): 1-D targets are
+    responses; (n, 2) targets are the regression sources' [response, f*(x)]."""
     if hasattr(y, "detach"):
         y = y.detach().cpu().numpy()
-    return np.asarray(y, dtype=np.float64).reshape(-1)
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim == 2 and y.shape[1] == 2:
+        return y[:, 0], y[:, 1]
+    return y.reshape(-1), None
+
+
+@dataclass
+class GainReference:
+    """Client j's side of FG_j: its local min-norm least squares, its truth coefficients when its
+    own truth values determine them (else None), and those values (Phi_j, f_j*(x_j))."""
+
+    client: int
+    theta_local: np.ndarray
+    theta_star: np.ndarray | None
+    Phi: np.ndarray
+    truth: np.ndarray
 
 
 @dataclass
 class FeatureState:
-    """Feature-form ServerState: theta_t, and l(theta_{t-1}), grad l(theta_{t-1}) from the last replies."""
+    """Feature-form ServerState: theta_t, and l(theta_{t-1}), grad l(theta_{t-1}) and
+    ||f_{t-1} - f*||_N^2 from the last replies; the FG references (constant)."""
 
     theta: np.ndarray
     loss: float = float("nan")
     grad: np.ndarray | None = None
+    pred_error: float = float("nan")
+    gains: tuple = ()
 
 
 @dataclass
@@ -268,16 +351,18 @@ class RepresenterModel:
 
 @dataclass
 class RepresenterState:
-    """Representer-form ServerState: the model, and l(f_{t-1}) from the last replies."""
+    """Representer-form ServerState: the model, and l(f_{t-1}), ||f_{t-1} - f*||_N^2 from the last replies."""
 
     model: RepresenterModel
     loss: float = float("nan")
+    pred_error: float = float("nan")
 
 
 @dataclass
 class KernelReply:
-    """A client's upload: theta_i (feature) or beta_i (representer), its size, its local loss and
-    gradient at the broadcast (diagnostics), and its covariates when the server lacks them."""
+    """A client's upload: theta_i (feature) or beta_i (representer), its size, its local loss,
+    gradient and SSE against f_i* at the broadcast (diagnostics), and its covariates when the
+    server lacks them."""
 
     client_id: int
     n: int
@@ -285,23 +370,25 @@ class KernelReply:
     loss: float
     grad: np.ndarray | None = None
     support: np.ndarray | None = None
+    sse: float | None = None
 
 
 @dataclass
 class FeatureClient:
-    """Feature-form ClientState: Phi_i, y_i, Sigma_i, b_i and cho_factor(I + eta Sigma_i)."""
+    """Feature-form ClientState: Phi_i, y_i, Sigma_i, b_i, cho_factor(I + eta Sigma_i), f_i*(x_i) or None."""
 
     Phi: np.ndarray
     y: np.ndarray
     Sigma: np.ndarray
     b: np.ndarray
     chol: Any = None
+    truth: np.ndarray | None = None
 
 
 @dataclass
 class RepresenterClient:
     """Representer-form ClientState: x_i, y_i, G_ii, cho_factor(I + eta G_ii/n_i) for FedProx,
-    and the cross-Gram k(x_i, supports) cached for the support ids it was built on."""
+    the cross-Gram k(x_i, supports) cached for the support ids it was built on, and f_i*(x_i) or None."""
 
     x: np.ndarray
     y: np.ndarray
@@ -309,6 +396,7 @@ class RepresenterClient:
     chol: Any = None
     cross: np.ndarray | None = None
     cross_ids: tuple = ()
+    truth: np.ndarray | None = None
 
 
 @register_algorithm("kernel_fedavg")
@@ -334,7 +422,26 @@ class KernelFedAvg(Algorithm):
         if self.params.form == "representer":
             return RepresenterState(RepresenterModel(ids=()))
         D = int(np.prod(self.ctx.feature_shape)) if self.params.kernel == "linear" else self.params.degree + 1
-        return FeatureState(np.zeros(D))
+        return FeatureState(np.zeros(D), gains=self._gain_references())
+
+    def _gain_references(self) -> tuple:
+        """Server-side evaluation data for FG_j (§4.3): client j's rows from the training file."""
+        if not self.params.gain_clients:
+            return ()
+        from raysim.data import read_clients
+
+        bad = [j for j in self.params.gain_clients if not 0 <= j < self.ctx.num_clients]
+        if bad:
+            raise ValueError(f"algorithm.gain_clients: {bad} are not clients 0..{self.ctx.num_clients - 1}")
+        refs = []
+        for j, (x, y) in sorted(read_clients(self.ctx.train_path, self.params.gain_clients).items()):
+            response, truth = split_targets(y)
+            if truth is None:
+                raise ValueError("algorithm.gain_clients: the federation gain needs a regression source with "
+                                 "noise-free truth (targets [response, f*(x)]), e.g. data.source linear_regression")
+            Phi = self.kernel.features(x)
+            refs.append(GainReference(j, local_estimator(Phi, response), truth_coefficients(Phi, truth), Phi, truth))
+        return tuple(refs)
 
     def plan(self, state, round: int, rng: np.random.Generator) -> Plan:
         broadcast = state.model if self.params.form == "representer" else state.theta
@@ -347,13 +454,18 @@ class KernelFedAvg(Algorithm):
         loss = 0.0
         for r in replies:
             loss += (r.n / self.N) * r.loss
+        pred_error = float("nan")
+        if all(r.sse is not None for r in replies):
+            pred_error = 0.0
+            for r in replies:
+                pred_error += r.sse / self.N
         if self.params.form == "feature":
             theta = np.zeros_like(state.theta)
             grad = np.zeros_like(state.theta)
             for r in replies:
                 theta += (r.n / self.N) * r.vec
                 grad += (r.n / self.N) * r.grad
-            return FeatureState(theta, loss, grad), Cost()
+            return FeatureState(theta, loss, grad, pred_error, state.gains), Cost()
         old = state.model
         supports, alpha = dict(old.supports), dict(old.alpha)
         for r in replies:
@@ -362,20 +474,24 @@ class KernelFedAvg(Algorithm):
                 supports[c] = r.support
                 alpha[c] = np.zeros(r.n)
             alpha[c] = alpha[c] + (r.n / self.N) * r.vec
-        return RepresenterState(RepresenterModel(tuple(sorted(supports)), supports, alpha), loss), Cost()
+        return RepresenterState(RepresenterModel(tuple(sorted(supports)), supports, alpha), loss, pred_error), Cost()
 
     # -- client
     def _client_state(self, data: ClientData):
-        y = targets(data.y)
+        y, truth = split_targets(data.y)
         x = as_points(data.x)
         if self.params.form == "feature":
             Phi = self.kernel.features(x)
             Sigma, b = feature_stats(Phi, y)
             chol = prox_factor(Sigma, self.params.eta) if self.method == "fedprox" else None
-            return FeatureClient(Phi, y, Sigma, b, chol)
+            return FeatureClient(Phi, y, Sigma, b, chol, truth)
         G = self.kernel.gram(x, x)
         chol = prox_factor(G, self.params.eta / len(y)) if self.method == "fedprox" else None
-        return RepresenterClient(x, y, G, chol)
+        return RepresenterClient(x, y, G, chol, truth=truth)
+
+    @staticmethod
+    def _sse(pred: np.ndarray, truth: np.ndarray | None) -> float | None:
+        return None if truth is None else float((pred - truth) @ (pred - truth))
 
     def _cost(self, n: int, vec: np.ndarray, extra_bytes: int = 0) -> Cost:
         nb = len(batches(n, self.params.batch_size))
@@ -389,7 +505,8 @@ class KernelFedAvg(Algorithm):
         p, n = self.params, len(cs.y)
         if p.form == "feature":
             theta = np.asarray(broadcast, dtype=np.float64)
-            resid = cs.Phi @ theta - cs.y
+            pred = cs.Phi @ theta
+            resid = pred - cs.y
             grad = cs.Sigma @ theta - cs.b
             if p.batch_size is not None and p.batch_size < n:
                 new = minibatch_theta(theta, cs.Phi, cs.y, p.eta, self.method, self.s, p.batch_size)
@@ -397,7 +514,7 @@ class KernelFedAvg(Algorithm):
                 new = fedprox_theta(theta, cs.chol, cs.b, p.eta)
             else:
                 new = fedavg_theta(theta, cs.Sigma, cs.b, p.eta, self.s)
-            reply = KernelReply(data.client_id, n, new, float(resid @ resid) / (2 * n), grad)
+            reply = KernelReply(data.client_id, n, new, float(resid @ resid) / (2 * n), grad, sse=self._sse(pred, cs.truth))
             return reply, cs, self._cost(n, new)
         model: RepresenterModel = broadcast
         if model.ids:
@@ -415,7 +532,7 @@ class KernelFedAvg(Algorithm):
         else:
             beta = fedavg_beta(cs.G, r, p.eta, self.s)
         support = None if data.client_id in model.supports else cs.x
-        reply = KernelReply(data.client_id, n, beta, float(r @ r) / (2 * n), None, support)
+        reply = KernelReply(data.client_id, n, beta, float(r @ r) / (2 * n), None, support, self._sse(u, cs.truth))
         return reply, cs, self._cost(n, beta, 0 if support is None else support.nbytes)
 
     # -- evaluation
@@ -429,15 +546,39 @@ class KernelFedAvg(Algorithm):
         return self.kernel.gram(x, X) @ alpha
 
     def evaluate(self, state, data: EvalData) -> dict[str, float]:
-        """l(f_{t-1}) and, in feature form, ||grad l(theta_{t-1})|| (Sec. 3 and Sec. 6.1 conventions),
-        reported one round late from the clients' diagnostics; the test and train MSE of f_t."""
+        """From the clients' diagnostics, one round late: l(f_{t-1}), ||grad l(theta_{t-1})|| (feature
+        form; Sec. 3 and Sec. 6.1 conventions) and ||f_{t-1} - f*||_N^2 (`pred_error_prev`). Of f_t:
+        the test and train MSE against the responses, `test_error` (MSE against f*), `coef_error`
+        ||theta_t - theta*|| = ||f_t - f*||_H and `fg_client_j` (feature form, where f* is known)."""
         out = {"train_loss_prev": float(state.loss)}
+        if not np.isnan(state.pred_error):
+            out["pred_error_prev"] = float(state.pred_error)
         if self.params.form == "feature" and state.grad is not None:
             g = float(np.linalg.norm(state.grad))
             out.update(grad_norm_prev=g, grad_norm_sec61_prev=2.0 * g)
-        for key, x, y in (("test_mse", data.test_x, data.test_y), ("train_mse", data.train_x, data.train_y)):
-            if x is not None and len(targets(y)):
-                out[key] = float(np.mean((self.predict(state, x) - targets(y)) ** 2))
+        for key, x, y in (("test", data.test_x, data.test_y), ("train", data.train_x, data.train_y)):
+            response, truth = split_targets(y) if x is not None else (np.zeros(0), None)
+            if len(response):
+                pred = self.predict(state, x)
+                out[f"{key}_mse"] = float(np.mean((pred - response) ** 2))
+                if truth is not None:
+                    out[f"{key}_error"] = float(np.mean((pred - truth) ** 2))
+        if self.params.form == "feature":
+            out.update(self._coefficient_metrics(state, data))
+        return out
+
+    def _coefficient_metrics(self, state: FeatureState, data: EvalData) -> dict[str, float]:
+        """||theta_t - theta*|| when the test truth is one function of the RKHS, and FG_j of §4.3 with
+        theta_j* from client j's own truth values or, failing that, the test truth if it fits them."""
+        response, truth = split_targets(data.test_y) if data.test_x is not None else (np.zeros(0), None)
+        star = None if truth is None else truth_coefficients(self.kernel.features(data.test_x), truth)
+        out = {} if star is None else {"coef_error": float(np.linalg.norm(state.theta - star))}
+        for ref in state.gains:
+            theta_j = ref.theta_star
+            if theta_j is None and star is not None and np.allclose(ref.Phi @ star, ref.truth, rtol=1e-9, atol=1e-9):
+                theta_j = star
+            if theta_j is not None:
+                out[f"fg_client_{ref.client}"] = empirical_gain(ref.theta_local, state.theta, theta_j)
         return out
 
 

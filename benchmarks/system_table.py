@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from raysim.rng import SERVER, stream
-from raysim.system import burke_completions, compute_time, expected_compute_phase, paper_phase_estimate
+from raysim.system import burke_completions, compute_time
+from raysim.system.analytic import expected_compute_phase, paper_phase_estimate
 
 SETTINGS = [(1, 100, 1.0, 2.0), (5, 100, 10.0, 2.0), (10, 1000, 1.0, 1.25)]  # (b, k, phi, nu)
 DRAWS = 10_000

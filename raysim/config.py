@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raysim.data.config import DataConfig
 from raysim.models import ModelConfig
 from raysim.registry import get_algorithm
+from raysim.sweep import SweepConfig
 from raysim.system.config import SystemConfig
 
 
@@ -50,6 +51,23 @@ class ClusterConfig(BaseModel):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray; default: all")
 
 
+class CheckpointConfig(BaseModel):
+    """The `checkpoint:` section: how often server and client state are saved (restarts, --resume)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(10, ge=0, description="rounds between checkpoints; 0: never (a restarted actor replays from round 1)")
+
+
+class FaultConfig(BaseModel):
+    """One injected fault (for tests and fault studies): client actor `actor` dies in the middle of round `round`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round: int = Field(ge=1)
+    actor: int = Field(ge=0, description="index of the client actor, 0..num_actors-1")
+
+
 class EvalConfig(BaseModel):
     """The `eval:` section."""
 
@@ -72,6 +90,9 @@ class ExperimentConfig(BaseModel):
     system: SystemConfig = Field(default_factory=SystemConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    faults: list[FaultConfig] = Field(default_factory=list)
+    sweep: SweepConfig | None = Field(None, description="read by `raysim sweep` only")
 
     def algorithm_params(self) -> BaseModel:
         """The algorithm's hyperparameters, validated by its registered `Params` class."""
@@ -126,6 +147,10 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(
             f"algorithm.clients_per_round: {cfg.algorithm.clients_per_round} clients a round"
             f" (+{cfg.system.stragglers.over_select} over-selected) exceeds data.num_clients={cfg.data.num_clients}")
+    if cfg.faults and cfg.system.clock.mode != "virtual":
+        problems.append("faults: injected faults need system.clock.mode 'virtual' (the real clock drops late clients)")
+    problems += [f"faults.{i}.round: {f.round} is after the last round ({cfg.algorithm.rounds})"
+                 for i, f in enumerate(cfg.faults) if f.round > cfg.algorithm.rounds]
     c = cfg.cluster
     if c.num_actors is not None and c.clients_per_actor is not None and c.num_actors * c.clients_per_actor < cfg.data.num_clients:
         problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"

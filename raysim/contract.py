@@ -64,11 +64,12 @@ class Context:
     params: Any
     device: str = "cpu"
     train_path: str | None = None  # the pooled training Parquet, for server-side data (e.g. FedLRGD's r samples)
+    target_shape: tuple = ()  # per-sample target shape of a regression source (num_classes 0)
 
 
 @dataclass
 class ClientData:
-    """One client's local training data as tensors (features in the model's dtype, int64 labels)."""
+    """One client's local training data as tensors (features in the model's dtype; int64 labels or float targets)."""
 
     client_id: int
     x: Any

@@ -1,7 +1,6 @@
 """Build an experiment's algorithm the same way in the driver, the actors and unit tests."""
 from __future__ import annotations
 
-
 from raysim.config import ExperimentConfig
 from raysim.contract import Algorithm, Context
 from raysim.data import FederatedData
@@ -23,6 +22,7 @@ def make_context(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu"
         params=cfg.algorithm_params(),
         device=device,
         train_path=data.train_path,
+        target_shape=tuple(data.target_shape),
     )
 
 

@@ -11,6 +11,9 @@ k(x, z) = features(x) @ features(z).T exactly, and `dim`. Inputs are arrays of s
 * `RBF(lengthscale, variance)`: variance * exp(-|x-z|^2 / (2 l^2)).
 * `Matern(nu, lengthscale, variance)`, nu in {1/2, 3/2, 5/2}.
 * `Sobolev1()`: min(x, z) on [0, 1] (first-order Sobolev space with f(0) = 0; spec §5.6).
+* `GPyTorch(name, ...)`: gpytorch's RBF or Matérn (times a ScaleKernel) as an optional Gram
+  provider (spec §7.1): hyperparameters set explicitly and frozen, evaluated in float64 under
+  no_grad and materialised with `to_dense()`, so no approximate (CG/Lanczos) solve is involved.
 """
 from __future__ import annotations
 
@@ -116,7 +119,43 @@ class Sobolev1:
         return np.minimum(x[:, 0][:, None], z[:, 0][None, :])
 
 
-KERNELS = {"linear": Linear, "monomial": Monomial, "rbf": RBF, "matern": Matern, "sobolev": Sobolev1}
+@dataclass(frozen=True)
+class GPyTorch:
+    """gpytorch's `ScaleKernel(RBFKernel | MaternKernel(nu))`, exact and in float64: the same
+    function as `RBF` / `Matern` with the same hyperparameters. Only plain arrays leave `gram`."""
+
+    name: str = "rbf"
+    lengthscale: float = 1.0
+    variance: float = 1.0
+    nu: float = 2.5
+    finite_rank = False
+
+    def __post_init__(self):
+        if self.name not in ("rbf", "matern"):
+            raise ValueError(f"gpytorch kernel {self.name!r}: allowed 'rbf', 'matern'")
+        if self.name == "matern" and self.nu not in (0.5, 1.5, 2.5):
+            raise ValueError("Matern nu must be 0.5, 1.5 or 2.5")
+
+    def module(self):
+        """The gpytorch kernel with hyperparameters set (its defaults are softplus(0), not 1) and frozen."""
+        import gpytorch
+        import torch
+
+        base = gpytorch.kernels.RBFKernel() if self.name == "rbf" else gpytorch.kernels.MaternKernel(nu=self.nu)
+        kernel = gpytorch.kernels.ScaleKernel(base).double()
+        base.lengthscale = torch.tensor(self.lengthscale, dtype=torch.float64)  # a Python float goes through float32
+        kernel.outputscale = torch.tensor(self.variance, dtype=torch.float64)
+        return kernel.requires_grad_(False)
+
+    def gram(self, x, z) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            K = self.module()(torch.from_numpy(as_points(x)), torch.from_numpy(as_points(z))).to_dense()
+        return K.numpy()
+
+
+KERNELS = {"linear": Linear, "monomial": Monomial, "rbf": RBF, "matern": Matern, "sobolev": Sobolev1, "gpytorch": GPyTorch}
 
 
 def make_kernel(name: str, **kw):

@@ -126,3 +126,7 @@ def initial_vector(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | 
         module = build_model(cfg, feature_shape, image_shape, num_classes)
     flat = ParamSpec.of(module).flatten(dict(module.named_parameters())).detach()
     return (flat * cfg.init_scale).numpy()
+
+
+from raysim import cnn_models  # noqa: E402,F401  (registers the FedFisher paper models: lenet, paper_cnn)
+from raysim import paper_nets  # noqa: E402,F401  (registers the FedLRGD paper models: linear, sigmoid_mlp, sigmoid_cnn)

@@ -1,7 +1,9 @@
 """`raysim report`: the plots researchers expect, written as PNGs next to a run's results."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
@@ -12,6 +14,21 @@ from raysim.results import RunResult  # noqa: E402
 
 METRICS = ("test_accuracy", "test_loss", "train_loss")
 AXES = (("round", "round"), ("sim_time", "simulated time"), ("gamma", "federated oracle complexity Γ"))
+
+Reporter = Callable[[RunResult], list[Path]]
+REPORTERS: dict[str, Reporter] = {}
+# Modules whose import registers family-specific reporters (each returns [] for runs it does not fit).
+REPORT_MODULES: tuple[str, ...] = ("raysim.plots.kernel", "raysim.plots.fedfisher", "raysim.plots.fedlrgd", "raysim.plots.zo", "raysim.plots.sketching")
+
+
+def register_report(name: str) -> Callable[[Reporter], Reporter]:
+    """Decorator: `f(result) -> [written paths]` runs on every `raysim report`; return [] when the run does not fit."""
+
+    def wrap(fn: Reporter) -> Reporter:
+        REPORTERS[name] = fn
+        return fn
+
+    return wrap
 
 
 def plot_metrics(result: RunResult) -> list[Path]:
@@ -63,4 +80,9 @@ def report(run_dir: str | Path) -> list[Path]:
     result = RunResult.load(run_dir)
     written = plot_metrics(result)
     timeline = plot_timeline(result)
-    return written + ([timeline] if timeline else [])
+    written += [timeline] if timeline else []
+    for module in REPORT_MODULES:
+        importlib.import_module(module)
+    for reporter in REPORTERS.values():
+        written += reporter(result)
+    return written

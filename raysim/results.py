@@ -7,12 +7,14 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def atomic_write_bytes(path: Path, write) -> None:
@@ -65,30 +67,46 @@ class RunResult:
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunResult":
         """Open a run directory written by `raysim run`."""
+        import pandas as pd  # not at module level: actor processes import this module and never need pandas
+
         run_dir = Path(run_dir)
         if not (run_dir / "rounds.parquet").exists():
             raise FileNotFoundError(f"{run_dir} has no rounds.parquet: not a raysim run directory")
         info_path = run_dir / "run.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
         clients_path = run_dir / "clients.parquet"
-        clients = pd.read_parquet(clients_path) if clients_path.exists() else pd.DataFrame()
+        parts = sorted(clients_path.glob("round-*.parquet")) if clients_path.is_dir() else []
+        clients = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame()
         return cls(run_dir, pd.read_parquet(run_dir / "rounds.parquet"), clients, info)
 
 
 class RunWriter:
-    """Accumulates rows and rewrites the run's tables atomically after every round."""
+    """Writes a run's tables as rounds finish: rounds.parquet rewritten atomically (one small row a
+    round), each round's client rows as one more Parquet part in the clients.parquet folder, so a
+    round costs the same whatever the run's length. `resume_round` keeps what an interrupted run
+    saved up to that round and drops the rest."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, resume_round: int | None = None):
         self.run_dir = run_dir
+        self.clients_dir = run_dir / "clients.parquet"
+        self.clients_dir.mkdir(parents=True, exist_ok=True)
         self.rounds: list[dict] = []
-        self.clients: list[dict] = []
         self.info: dict[str, Any] = {"status": "running"}
+        if resume_round is not None:
+            rounds = run_dir / "rounds.parquet"
+            if rounds.exists():
+                self.rounds = [r for r in pq.read_table(rounds).to_pylist() if r["round"] <= resume_round]
+            for part in self.clients_dir.glob("round-*.parquet"):
+                if int(part.stem.removeprefix("round-")) > resume_round:
+                    part.unlink()
+            info = run_dir / "run.json"
+            self.info = {**(json.loads(info.read_text()) if info.exists() else {}), "status": "running"}
 
     def add(self, row: dict, client_rows: list[dict]) -> None:
         self.rounds.append(row)
-        self.clients.extend(client_rows)
         write_parquet(self.rounds, self.run_dir / "rounds.parquet")
-        write_parquet(self.clients, self.run_dir / "clients.parquet")
+        if client_rows:
+            write_parquet(client_rows, self.clients_dir / f"round-{row['round']:06d}.parquet")
 
     def status(self, **info: Any) -> None:
         """Record run metadata (status, start-up times, error) in run.json."""

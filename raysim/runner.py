@@ -6,11 +6,12 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from raysim import checkpoint
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
 from raysim.registry import get_algorithm
@@ -21,7 +22,7 @@ class DivergenceError(RuntimeError):
     """A metric became NaN or infinite; the rounds before it are saved."""
 
 
-def _ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
+def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     """Connect to `address` (or the config's), or start a local Ray; True if this call started it."""
     if ray.is_initialized():
         return False
@@ -65,48 +66,69 @@ def _check_finite(row: dict) -> None:
                               "the run diverged (try a smaller algorithm.lr). Finished rounds are saved.")
 
 
-def run(config: str | Path | dict | ExperimentConfig, overrides: list[str] | dict | None = None, *,
+def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str] | dict | None = None, *,
         address: str | None = None, out: str | Path | None = None, progress: bool = False,
+        on_round: Callable[[dict], bool | None] | None = None, resume: str | Path | None = None,
         **kw_overrides: Any) -> RunResult:
     """Run one experiment and return its results (`.rounds`, `.clients` DataFrames, `.run_dir`).
 
     `overrides` are `key.sub=value` strings or a {dotted key: value} mapping; keyword arguments
-    with `__` for dots work too (`algorithm__lr=0.1`).
+    with `__` for dots work too (`algorithm__lr=0.1`). `on_round(row)` is called after each round
+    is saved (e.g. to report to Ray Tune); returning False stops the run there (status "stopped").
+    `resume=RUN_DIR` continues an interrupted run from its newest checkpoint with the config saved
+    there (`config` is then ignored and may be None) and reaches the same numbers as an uninterrupted run.
     """
     items = dict(overrides or {}) if not isinstance(overrides, list) else dict(map(parse_override, overrides))
     items.update({k.replace("__", "."): v for k, v in kw_overrides.items()})
-    cfg = load_config(config, items)
-    run_dir = Path(out) if out is not None else new_run_dir(cfg.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").exists():
+            raise FileNotFoundError(f"--resume: {run_dir} has no config.yaml: not a raysim run directory")
+        cfg = load_config(run_dir / "config.yaml", items)
+        found = checkpoint.latest(run_dir)
+        done = found[0] if found else 0
+    else:
+        done = 0
+        cfg = load_config(config, items)
+        run_dir = Path(out) if out is not None else new_run_dir(cfg.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
     write_text(dump_config(cfg), run_dir / "config.yaml")
-    writer = RunWriter(run_dir)
+    writer = RunWriter(run_dir, resume_round=done if resume is not None else None)
     t_start = time.perf_counter()
     started_ray = False
     server = None
     try:
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
         t_data = time.perf_counter()
-        started_ray = _ensure_ray(cfg, address)
+        started_ray = ensure_ray(cfg, address)
         t_ray = time.perf_counter()
         from raysim.actors.server import ServerActor
 
         tree = cfg.model_dump(mode="json")
-        server = ServerActor.remote(tree, fed.to_dict(), _shippable(get_algorithm(cfg.algorithm.name)))
+        server = ServerActor.remote(tree, fed.to_dict(), _shippable(get_algorithm(cfg.algorithm.name)), str(run_dir))
         layout = ray.get(server.start.remote())
+        if resume is not None:
+            ray.get(server.resume.remote())
         writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,
-                      startup_s=time.perf_counter() - t_start, **layout)
-        wall = 0.0
+                      startup_s=time.perf_counter() - t_start, resumed_from=done, **layout)
+        wall = writer.rounds[-1]["wall_s"] if writer.rounds else 0.0
         with _progress(progress) as bar:
-            task = bar.add_task(cfg.name, total=cfg.algorithm.rounds, metric="", sim=0.0)
-            for t in range(1, cfg.algorithm.rounds + 1):
+            task = bar.add_task(cfg.name, total=cfg.algorithm.rounds, metric="", sim=0.0, completed=done)
+            for t in range(done + 1, cfg.algorithm.rounds + 1):
                 t0 = time.perf_counter()
                 row, client_rows = ray.get(server.run_round.remote(t))
                 wall += time.perf_counter() - t0
                 row["wall_s"] = wall
                 writer.add(row, client_rows)
+                if row["checkpoint"]:
+                    checkpoint.commit(run_dir, t)
                 _check_finite(row)
+                stop = on_round is not None and on_round(row) is False
                 bar.update(task, advance=1, metric=_metric_text(row), sim=row["sim_time"])
-        writer.status(status="finished", rounds_done=len(writer.rounds))
+                if stop:
+                    break
+        stopped = len(writer.rounds) < cfg.algorithm.rounds
+        writer.status(status="stopped" if stopped else "finished", rounds_done=len(writer.rounds))
     except BaseException as e:
         writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
         raise

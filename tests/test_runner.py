@@ -107,3 +107,52 @@ def test_algorithm_registered_outside_raysim_runs_on_actors(ray_cluster, tmp_pat
     assert issubclass(HalfLR, Algorithm)
     result = run(tmp_path, "half", algorithm__name="fedavg_half_lr")
     assert len(result.rounds) == 4
+
+
+def _kill_driver_and_its_ray(proc) -> None:
+    """SIGKILL the driver's process group, then whatever its local Ray left (named by its session dir)."""
+    import os
+    import signal
+
+    import psutil
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    mark = f"_{proc.pid}/"
+    for p in psutil.process_iter(["cmdline"]):
+        if any(mark in arg for arg in p.info["cmdline"] or []):
+            p.kill()
+
+
+def test_resume_after_sigkill_reaches_the_same_numbers(ray_cluster, tmp_path):
+    """A driver killed with SIGKILL mid-run; `raysim run --resume` finishes it from its checkpoint."""
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    cfg = {**SMALL, "algorithm": {**SMALL["algorithm"], "rounds": 40}, "checkpoint": {"every": 3},
+           "cluster": {"num_actors": 2, "num_cpus": 2}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(tmp_path / "cfg.yaml"), "--out",
+                             str(run_dir), "--quiet"], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            rounds = run_dir / "rounds.parquet"
+            if rounds.exists() and pq.read_metadata(rounds).num_rows >= 7:
+                break
+            time.sleep(0.05)
+    finally:
+        _kill_driver_and_its_ray(proc)
+    saved = pq.read_metadata(run_dir / "rounds.parquet").num_rows
+    assert 7 <= saved < 40, "the driver was not killed mid-run"
+    resumed = raysim.run(None, resume=run_dir)
+    assert json.loads((run_dir / "run.json").read_text())["resumed_from"] in (6, 9, 12, 15)
+    clean = raysim.run(cfg, out=tmp_path / "clean")
+    cols = [c for c in clean.rounds.columns if c not in ("wall_s", "round_wall_s")]
+    pd.testing.assert_frame_equal(clean.rounds[cols], resumed.rounds[cols])
+    pd.testing.assert_frame_equal(clean.clients, resumed.clients)

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raysim.data.partition import NATURAL, PARTITIONERS
@@ -29,6 +31,28 @@ class PartitionConfig(BaseModel):
         return check_registered("partitioner", kind, [*PARTITIONERS, NATURAL])
 
 
+class RegressionConfig(BaseModel):
+    """The regression generators of raysim/data/regression.py (specs/kernel-fedavg-fedprox.md §5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sizes: list[int] = Field(default_factory=lambda: [500], min_length=1,
+                             description="training samples of client i: sizes[i % len(sizes)] (unbalanced: [50, 500])")
+    dim: int = Field(100, ge=1, description="d of the linear and subspace models")
+    noise: float = Field(0.5, ge=0, description="sigma of the Gaussian response noise")
+    heterogeneity: float = Field(0.0, ge=0, description="Gamma = max_ij ||theta_i* - theta_j*|| (linear model)")
+    heterogeneity_kind: Literal["exact", "radius"] = Field("exact", description="exact: realised Gamma; radius: theta* + Gamma u_i")
+    rank: int | None = Field(None, ge=1, description="r of the subspace model (None: dim)")
+    grid: Literal["midpoint", "left"] = Field("midpoint", description="covariate grid of the polynomial model")
+
+    @field_validator("sizes")
+    @classmethod
+    def _positive(cls, sizes: list[int]) -> list[int]:
+        if min(sizes) < 1:
+            raise ValueError("every client needs at least one sample")
+        return sizes
+
+
 class DataConfig(BaseModel):
     """A federated dataset: a source, a global stratified test set, a partition of the rest."""
 
@@ -48,6 +72,7 @@ class DataConfig(BaseModel):
     synthetic_alpha: float = Field(1.0, ge=0, description="model heterogeneity of Synthetic(alpha, beta)")
     synthetic_beta: float = Field(1.0, ge=0, description="data heterogeneity of Synthetic(alpha, beta)")
     mnist1d_samples: int = Field(4000, ge=10, description="rounded down to a multiple of 10 (balanced classes)")
+    regression: RegressionConfig | None = Field(None, description="regression generators' parameters (None: defaults)")
 
     @field_validator("source")
     @classmethod

@@ -1,8 +1,8 @@
 """The federated dataset on disk: train.parquet (rows sorted by client) and the server's test.parquet.
 
-Both files have the columns `client_id` int64, `x` fixed_size_list<float32>[prod(feature_shape)]
-and `y` int64 (client_id = -1 in the test file), and carry the feature shape in their schema
-metadata. Row groups are about ROW_GROUP_BYTES and never split a client smaller than that, so a
+Both files have the columns `client_id` int64, `x` fixed_size_list<float32 or float64>[prod(feature_shape)]
+and `y` (int64 class labels, or float targets: float32/float64, a fixed_size_list for vector targets;
+client_id = -1 in the test file), and carry the feature and target shapes in their schema metadata. Row groups are about ROW_GROUP_BYTES and never split a client smaller than that, so a
 filtered read of a few clients touches only their row groups.
 """
 from __future__ import annotations
@@ -27,11 +27,15 @@ from raysim.rng import SERVER, SETUP, stream
 ROW_GROUP_BYTES = 1 << 20
 TEST_CLIENT = -1
 _META_KEY = b"raysim"
+LABEL_PARTITIONERS = ("dirichlet", "shards")  # need class labels: not for regression sources
 
 
 @dataclass
 class FederatedData:
-    """Where a built federated dataset lies and what it holds; `client_sizes[c]` = samples of client c."""
+    """Where a built federated dataset lies and what it holds; `client_sizes[c]` = samples of client c.
+
+    `num_classes` is 0 for regression (float targets of shape `target_shape` per sample).
+    """
 
     train_path: Path
     test_path: Path
@@ -42,6 +46,7 @@ class FederatedData:
     num_classes: int
     num_train: int
     num_test: int
+    target_shape: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON."""
@@ -55,6 +60,7 @@ class FederatedData:
             "num_classes": self.num_classes,
             "num_train": self.num_train,
             "num_test": self.num_test,
+            "target_shape": list(self.target_shape),
         }
 
     @classmethod
@@ -70,6 +76,7 @@ class FederatedData:
             num_classes=int(d["num_classes"]),
             num_train=int(d["num_train"]),
             num_test=int(d["num_test"]),
+            target_shape=tuple(d.get("target_shape", ())),
         )
 
 
@@ -113,16 +120,23 @@ def _row_group_bounds(client_id: np.ndarray, target: int) -> list[int]:
     return [int(b) for b in np.unique(np.concatenate(parts))]
 
 
+def _column(values: np.ndarray, width: int) -> pa.Array:
+    """One array per row: a plain column when width is 0 (scalars), else a fixed-size list column."""
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    return flat if width == 0 else pa.FixedSizeListArray.from_arrays(flat, width)
+
+
 def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, meta: dict[str, Any]) -> None:
     """Write one table atomically: a temporary file in the same folder, then os.replace."""
     width = math.prod(meta["feature_shape"])
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    y_width = math.prod(meta["target_shape"]) if meta["target_shape"] else 0
     table = pa.table({
         "client_id": pa.array(client_id, pa.int64()),
-        "x": pa.FixedSizeListArray.from_arrays(pa.array(flat), width),
-        "y": pa.array(y, pa.int64()),
+        "x": _column(x, width),
+        "y": _column(y, y_width),
     }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
-    bounds = _row_group_bounds(client_id, max(1, ROW_GROUP_BYTES // (4 * width + 16)))
+    row_bytes = x.itemsize * width + y.itemsize * max(y_width, 1) + 8
+    bounds = _row_group_bounds(client_id, max(1, ROW_GROUP_BYTES // row_bytes))
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with pq.ParquetWriter(tmp, table.schema, compression="none", use_dictionary=False,
@@ -138,7 +152,11 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     """Load the source, hold out the server's test set, partition the rest, write both Parquet files."""
     src = load_source(cfg, seed)
     natural = cfg.partition.kind == NATURAL
-    test = stratified_holdout(src.y, cfg.test_fraction, stream(seed, SETUP, SERVER, "test_split"),
+    if src.regression and cfg.partition.kind in LABEL_PARTITIONERS:
+        raise ValueError(f"data.partition.kind: {cfg.partition.kind!r} skews class labels, but source "
+                         f"{cfg.source!r} has float targets; use iid, quantity or natural")
+    labels = np.zeros(len(src.y), dtype=np.int64) if src.regression else src.y
+    test = stratified_holdout(labels, cfg.test_fraction, stream(seed, SETUP, SERVER, "test_split"),
                               src.natural_clients if natural else None)
     train = ~test
     num_train, num_test = int(train.sum()), int(test.sum())
@@ -148,12 +166,12 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
             f"data.num_clients: {cfg.num_clients} clients x data.partition.min_size={cfg.partition.min_size} "
             f"need {need} training samples, but source {cfg.source!r} has {len(src.y)} samples of which "
             f"{num_test} are held out for testing, leaving {num_train}")
-    ids = partition(src.y[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
+    ids = partition(labels[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
                     natural=src.natural_clients[train] if natural else None)
     shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
     order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
     x_train, y_train = src.x[train][order], src.y[train][order]
-    meta = {"feature_shape": list(src.feature_shape)}
+    meta = {"feature_shape": list(src.feature_shape), "target_shape": list(src.y.shape[1:])}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, test_path = out_dir / "train.parquet", out_dir / "test.parquet"
@@ -169,25 +187,33 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
         num_classes=src.num_classes,
         num_train=num_train,
         num_test=num_test,
+        target_shape=tuple(src.y.shape[1:]),
     )
 
 
-def _batch_arrays(batch: pa.RecordBatch, feature_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _batch_arrays(batch: pa.RecordBatch, shapes: tuple[tuple[int, ...], tuple[int, ...]]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(client_id, x, y) of one record batch as zero-copy, read-only numpy views."""
+    feature_shape, target_shape = shapes
     cid = batch.column("client_id").to_numpy()
     x = batch.column("x").flatten().to_numpy().reshape(-1, *feature_shape)
-    return cid, x, batch.column("y").to_numpy()
+    y = batch.column("y")
+    y = y.flatten().to_numpy().reshape(-1, *target_shape) if target_shape else y.to_numpy()
+    return cid, x, y
 
 
-def _feature_shape(table: pa.Table) -> tuple[int, ...]:
-    return tuple(json.loads(table.schema.metadata[_META_KEY])["feature_shape"])
+def _shapes(table: pa.Table) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(feature_shape, target_shape) from the file's metadata."""
+    meta = json.loads(table.schema.metadata[_META_KEY])
+    return tuple(meta["feature_shape"]), tuple(meta.get("target_shape", ()))
 
 
 def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """{client: (x, y)} for exactly the requested clients, read through a memory map.
 
     Only the row groups that hold these clients are read (the filter on client_id prunes the
-    rest by their statistics). x has shape (n_c, *feature_shape), float32; y is int64. The arrays
+    rest by their statistics). x has shape (n_c, *feature_shape) in the stored dtype; y holds int64
+    labels or float targets of shape (n_c, *target_shape). The arrays
     are read-only views of the Arrow buffers (one copy only for a client that spans row groups).
     Raises KeyError for a client with no rows in the file.
     """
@@ -195,7 +221,7 @@ def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple
     if not wanted:
         return {}
     table = pq.read_table(path, filters=[("client_id", "in", wanted)], memory_map=True)
-    shape = _feature_shape(table)
+    shape = _shapes(table)
     parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {c: [] for c in wanted}
     for batch in filter(len, table.to_batches()):
         cid, x, y = _batch_arrays(batch, shape)
@@ -212,9 +238,12 @@ def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple
 def read_table_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a file as (x, y), in file order; x of shape (n, *feature_shape)."""
     table = pq.read_table(path, memory_map=True).combine_chunks()
-    shape = _feature_shape(table)
+    shapes = _shapes(table)
     batches = table.to_batches()
     if not batches:
-        return np.empty((0, *shape), dtype=np.float32), np.empty(0, dtype=np.int64)
-    _, x, y = _batch_arrays(batches[0], shape)
+        x_type, y_type = table.schema.field("x").type.value_type, table.schema.field("y").type
+        y_type = getattr(y_type, "value_type", y_type)
+        return (np.empty((0, *shapes[0]), dtype=x_type.to_pandas_dtype()),
+                np.empty((0, *shapes[1]), dtype=y_type.to_pandas_dtype()))
+    _, x, y = _batch_arrays(batches[0], shapes)
     return x, y

@@ -24,10 +24,15 @@ if TYPE_CHECKING:
     from raysim.data.config import DataConfig
 
 
+FLOATS = (np.float32, np.float64)
+
+
 @dataclass
 class Source:
-    """A pooled dataset: features (float32, shape (n, *feature_shape)) and int64 labels in [0, num_classes).
+    """A pooled dataset: features (float32 or float64, shape (n, *feature_shape)) and targets.
 
+    Classification (`num_classes` >= 1): int64 labels in [0, num_classes). Regression or soft
+    targets (`num_classes` = 0): float32/float64 targets of shape (n,) or (n, *target_shape).
     `natural_clients` is the source's own client id (0..K-1) of each sample, or None;
     `image_shape` is the (channels, *spatial) view of one sample for CNNs, or None.
     """
@@ -41,13 +46,22 @@ class Source:
 
     def __post_init__(self) -> None:
         n = len(self.y)
-        if self.x.dtype != np.float32 or self.x.shape != (n, *self.feature_shape):
-            raise ValueError(f"source x must be float32 of shape {(n, *self.feature_shape)}, "
+        if self.x.dtype not in FLOATS or self.x.shape != (n, *self.feature_shape):
+            raise ValueError(f"source x must be float32 or float64 of shape {(n, *self.feature_shape)}, "
                              f"got {self.x.dtype} {self.x.shape}")
-        if self.y.dtype != np.int64 or (n and not 0 <= self.y.min() <= self.y.max() < self.num_classes):
+        if self.regression:
+            if self.y.dtype not in FLOATS or not np.isfinite(self.y).all():
+                raise ValueError("source y of a regression source (num_classes 0) must be finite float32/float64")
+        elif self.y.dtype != np.int64 or self.y.ndim != 1 or (
+                n and not 0 <= self.y.min() <= self.y.max() < self.num_classes):
             raise ValueError(f"source y must be int64 labels in [0, {self.num_classes})")
         if self.natural_clients is not None and self.natural_clients.shape != (n,):
             raise ValueError("source natural_clients must have one client id per sample")
+
+    @property
+    def regression(self) -> bool:
+        """True for float targets (num_classes 0): no label stratification or label-skew partitions."""
+        return self.num_classes == 0
 
 
 SourceLoader = Callable[["DataConfig", int], Source]

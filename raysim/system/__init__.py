@@ -1,16 +1,8 @@
-"""The system model: sampled compute and upload times, stragglers, and Definition 1 accounting."""
-from raysim.system.analytic import (
-    erlang_cdf,
-    erlang_quantile,
-    expected_compute_phase,
-    expected_explicit_drain,
-    expected_max_erlang,
-    explicit_queue_bound,
-    gumbel_phase_estimate,
-    paper_phase_estimate,
-    prop2_bounds,
-    von_mises_a,
-)
+"""The system model: sampled compute and upload times, stragglers, and Definition 1 accounting.
+
+The closed forms and bounds (scipy) live in `raysim.system.analytic`, imported only where used:
+every actor process imports this package.
+"""
 from raysim.system.compute import compute_time, speed_factors
 from raysim.system.config import (
     ClockConfig,
@@ -34,17 +26,7 @@ __all__ = [
     "SystemModel",
     "burke_completions",
     "compute_time",
-    "erlang_cdf",
-    "erlang_quantile",
-    "expected_compute_phase",
-    "expected_explicit_drain",
-    "expected_max_erlang",
-    "explicit_queue_bound",
     "explicit_completions",
-    "gumbel_phase_estimate",
     "mm1_sojourn_times",
-    "paper_phase_estimate",
-    "prop2_bounds",
     "speed_factors",
-    "von_mises_a",
 ]

@@ -152,3 +152,41 @@ def test_epoch_types_fall_out_of_the_costs(ray_cluster, tmp_path):
     c_rounds = clients[clients["round"] % 3 == 0]  # upload only: no compute, finish = upload completion
     assert (c_rounds["compute_time"] == 0).all() and (c_rounds["upload_time"] > 0).all()
     assert set(clients["round"]) == {2, 3, 5, 6}
+
+
+@register_algorithm("fedavg_stateful")
+class FedAvgStateful(FedAvg):
+    """FedAvg whose clients damp their update by how often they took part before: results depend
+    on persistent client state, so a restarted actor must get that state back exactly."""
+
+    def client_init(self, client):
+        return 0
+
+    def step(self, cstate, data, broadcast, rng):
+        reply, _, cost = super().step(None, data, broadcast, rng)
+        reply.total = reply.total / (1 + cstate)
+        return reply, cstate + 1, cost
+
+
+STATEFUL = {**CFG, "name": "stateful", "checkpoint": {"every": 2},
+            "algorithm": {**CFG["algorithm"], "name": "fedavg_stateful", "rounds": 6, "vectorize": False}}
+TIMES = ["wall_s", "round_wall_s", "actor_restarts"]
+
+
+@pytest.mark.parametrize("every", [2, pytest.param(0, marks=pytest.mark.slow)])
+def test_a_killed_client_actor_is_restarted_and_the_run_is_unchanged(ray_cluster, tmp_path, every):
+    """Actor 1 dies mid-round 5 (after the checkpoint of round 4, or with none: replay from round 1)."""
+    cfg = {**STATEFUL, "checkpoint": {"every": every}}
+    clean = raysim.run(cfg, out=tmp_path / "clean")
+    faulty = raysim.run({**cfg, "faults": [{"round": 5, "actor": 1}]}, out=tmp_path / "faulty")
+    assert faulty.rounds["actor_restarts"].tolist() == [0, 0, 0, 0, 1, 1]
+    cols = [c for c in clean.rounds.columns if c not in TIMES]
+    pd.testing.assert_frame_equal(clean.rounds[cols], faulty.rounds[cols])
+    pd.testing.assert_frame_equal(clean.clients, faulty.clients)
+
+
+def test_faults_are_validated_up_front(ray_cluster, tmp_path):
+    with pytest.raises(ValueError, match="faults.0.round: 9 is after the last round"):
+        load_config({**STATEFUL, "faults": [{"round": 9, "actor": 0}]})
+    with pytest.raises(ValueError, match="faults: actor 5 does not exist"):
+        raysim.run({**STATEFUL, "faults": [{"round": 1, "actor": 5}]}, out=tmp_path / "bad")

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from raysim.algorithms.kernel import (KernelFedAvg, KernelFedProx, centralized_round, feature_stats, fedavg_beta,
-                                      fixed_point, global_gradient, global_P, kappa, local_P, minibatch_beta,
-                                      minibatch_theta)
+from raysim.algorithms.kernel import (KernelFedAvg, KernelFedProx, centralized_round, expected_prediction_error,
+                                      feature_stats, fedavg_beta, fixed_point, global_gradient, global_P, kappa, local_P,
+                                      minibatch_beta, minibatch_theta)
 from raysim.contract import ClientData, Context, EvalData
 from raysim.kernels import RBF, Linear, Matern, Monomial, Sobolev1
 from raysim.rng import SERVER, stream
@@ -437,3 +437,81 @@ def _fig1():
     states = drive(algo, [ClientData(i, X[i], ys[i]) for i in range(M)], 60)
     assert rel(states[-1].theta, fixed_point(S, b, w, eta, "fedavg", 10)) < 1e-9
     assert abs(2 * np.linalg.norm(states[-1].grad) / want[("fedavg", 10)] - 1) < 0.15
+
+
+# ------------------------------------------------------------------ §6.8/§6.11 and §5.6: exact expected error
+def test_expected_prediction_error_equals_direct_matrix_powers():
+    """E||f_t - f*||_N^2 = (||L^t f*||^2 + sigma^2 ||I - L^t||_F^2)/N with L = I - eta K_x P, by plain powers."""
+    sizes, eta, sigma = [5, 12, 7], 0.5, 0.5
+    datas = scalar_data(sizes, seed=3)
+    X, truth, G = stacked(datas, Sobolev1())
+    N = len(truth)
+    for method, s in METHODS:
+        L = np.eye(N) - eta * G / N @ direct_P(G, sizes, eta, method, s)
+        ts = [1, 7, 40, 300]
+        got = expected_prediction_error(G, sizes, truth, sigma, eta, method, s, ts)
+        for t, g in zip(ts, got):
+            Lt = np.linalg.matrix_power(L, t)
+            want = (np.sum((Lt @ truth) ** 2) + sigma ** 2 * np.sum((np.eye(N) - Lt) ** 2)) / N
+            assert g == pytest.approx(want, rel=1e-9)
+
+
+def test_finite_rank_error_decays_geometrically_to_a_floor_without_upturn():
+    """Thm 3 (§6.11): rank-d kernel, noise: the expected error falls geometrically to a floor <= 3 kappa
+    sigma^2 d/N and stays there (the variance is capped at rank d; contrast the general kernel's U-shape,
+    which rises 30-fold towards sigma^2)."""
+    sizes, eta, sigma, d = [30, 80, 50], 0.1, 0.5, 4
+    datas, theta = linear_data(sizes, d=4)
+    X, _, G = stacked(datas, Linear())
+    truth, N = X @ theta, sum(sizes)
+    ts = [1, 10, 50, 100, 1000, 10 ** 4, 10 ** 6]
+    for method, s in METHODS:
+        e = expected_prediction_error(G, sizes, truth, sigma, eta, method, s, ts)
+        assert e[0] > 2 * e[-1] and e[2] <= 1.05 * e[-1]  # down to the floor within 50 rounds
+        assert e[-1] == pytest.approx(e[-3], rel=1e-9)  # then a flat floor from t = 1000 to 10^6: no upturn
+        assert np.max(e[3:]) <= 1.05 * e[-1]
+        gamma = eta * max(np.linalg.eigvalsh(x.T @ x / len(x)).max() for x in (np.asarray(dd.x) for dd in datas))
+        assert e[-1] <= 3 * kappa(gamma, method, s) * sigma ** 2 * d / N
+        assert e[-1] == pytest.approx(sigma ** 2 * d / N, rel=0.5)
+
+
+@pytest.mark.slow
+def test_general_kernel_U_shape_matches_spec_table():
+    """§5.6: Sobolev kernel, N=1100, n_i = 20/200, eta=0.5, sigma=0.5: the spec's exact E||f_t - f*||_N^2 table."""
+    from raysim.data.regression import sobolev_model
+    sizes = [20, 200] * 5
+    data = sobolev_model(sizes, 0.5, np.random.default_rng(7))
+    X, truth = np.concatenate(data.x), np.concatenate(data.truth)
+    G = Sobolev1().gram(X, X)
+    ts = [1, 10, 50, 100, 200, 500, 2000, 10 ** 4, 10 ** 5, 10 ** 6]
+    spec = {("fedavg", 1): [.366, .109, .018, .0038, .0015, .0014, .0022, .0047, .015, .046],
+            ("fedavg", 5): [.184, .045, .0029, .0015, .0016, .0024, .0046, .0106, .033, .094],
+            ("fedprox", 1): [.392, .121, .029, .0074, .0021, .0014, .0021, .0046, .015, .046]}
+    for (method, s), want in spec.items():
+        got = expected_prediction_error(G, sizes, truth, 0.5, 0.5, method, s, ts)
+        assert np.allclose(got, want, rtol=0.1), (method, s, got)
+        assert ts[int(np.argmin(got))] == {("fedavg", 1): 500, ("fedavg", 5): 100, ("fedprox", 1): 500}[(method, s)]
+
+
+# ------------------------------------------------------------------ §6.18: iterates independent of the system
+def test_runtime_iterates_identical_across_actor_counts_and_system_models(ray_cluster, tmp_path):
+    """The real runtime, 1 vs 2 client actors and two system models: identical metrics (so identical
+    iterates), different simulated clocks; the regression source's truth feeds the error metrics and FG."""
+    import raysim
+
+    config = {
+        "name": "kernel_system", "seed": 3,
+        "data": {"source": "linear_regression", "num_clients": 4, "test_fraction": 0.3, "partition": {"kind": "natural"},
+                 "regression": {"sizes": [8, 30], "dim": 5, "noise": 0.5, "heterogeneity": 0.0}},
+        "model": {"dtype": "float64"},
+        "algorithm": {"name": "kernel_fedavg", "rounds": 4, "clients_per_round": 4, "eta": 0.1, "local_steps": 3,
+                      "gain_clients": [0, 1]},
+    }
+    a = raysim.run(config, {"cluster.num_actors": 1}, out=tmp_path / "a").rounds
+    b = raysim.run(config, {"cluster.num_actors": 2, "system.compute.rate": 0.2, "system.comm.mode": "explicit",
+                            "system.comm.nu": 1.5}, out=tmp_path / "b").rounds
+    metrics = ["grad_norm_prev", "pred_error_prev", "coef_error", "test_error", "fg_client_0", "fg_client_1"]
+    assert a[metrics].notna().all().all()
+    assert a[metrics].equals(b[metrics])
+    assert not np.allclose(a["sim_time"], b["sim_time"])
+    assert a["coef_error"].iloc[-1] < a["coef_error"].iloc[0]

@@ -123,3 +123,35 @@ def test_too_many_clients_is_an_error_naming_num_clients(tmp_path):
     with pytest.raises(ValueError, match=r"data\.num_clients.*min_size=200"):
         build_federated(DataConfig(source="digits", num_clients=10, partition={"min_size": 200}), 0, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("target_shape", [(), (3,)])
+def test_regression_source_round_trips_float64_exactly(tmp_path, target_shape):
+    from raysim.data.sources import SOURCES, Source, register_source
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 2, 2))
+    y = rng.standard_normal((60, *target_shape))
+
+    @register_source("regression_test")
+    def regression_test(cfg, seed):
+        return Source(x, y, (2, 2), 0)
+
+    try:
+        fed = build_federated(DataConfig(source="regression_test", num_clients=4), 0, tmp_path)
+        assert fed.num_classes == 0 and fed.target_shape == target_shape
+        assert FederatedData.from_dict(fed.to_dict()).target_shape == target_shape
+        tx, ty = read_table_arrays(fed.test_path)
+        parts = read_clients(fed.train_path, range(4))
+        assert tx.dtype == np.float64 and ty.dtype == np.float64 and ty.shape[1:] == target_shape
+        got_x = np.concatenate([tx, *(parts[c][0] for c in range(4))])
+        got_y = np.concatenate([ty, *(parts[c][1] for c in range(4))])
+        order = np.lexsort(got_x.reshape(60, -1).T)
+        want = np.lexsort(x.reshape(60, -1).T)
+        np.testing.assert_array_equal(got_x[order], x[want])  # bit-exact float64, nothing rounded to float32
+        np.testing.assert_array_equal(got_y[order], y[want])
+        with pytest.raises(ValueError, match="data.partition.kind: 'dirichlet'.*float targets"):
+            build_federated(DataConfig(source="regression_test", num_clients=4, partition={"kind": "dirichlet"}),
+                            0, tmp_path / "d")
+    finally:
+        SOURCES.pop("regression_test")

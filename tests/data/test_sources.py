@@ -130,5 +130,9 @@ def test_registered_source_and_its_shape_checks():
         assert load_source(DataConfig(source="tiny", num_clients=2), 0).x.shape == (4, 2)
     finally:
         SOURCES.pop("tiny")
-    with pytest.raises(ValueError, match="float32"):
-        Source(np.zeros((4, 2)), np.zeros(4, np.int64), (2,), 2)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        Source(np.zeros((4, 2), np.int64), np.zeros(4, np.int64), (2,), 2)
+    with pytest.raises(ValueError, match="regression"):
+        Source(np.zeros((2, 2)), np.array([0.0, np.nan]), (2,), 0)
+    with pytest.raises(ValueError, match="int64 labels"):
+        Source(np.zeros((2, 2)), np.array([0.5, 1.0]), (2,), 2)

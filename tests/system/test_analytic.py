@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from raysim.system import (
+from raysim.system.analytic import (
     erlang_cdf,
     erlang_quantile,
     expected_compute_phase,

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from raysim.rng import SETUP, stream
-from raysim.system import compute_time, expected_compute_phase, speed_factors
+from raysim.system import compute_time, speed_factors
+from raysim.system.analytic import expected_compute_phase
 
 
 def _phase_draws(b: int, k: int, reps: int, seed: int, shift: float = 1.0, rate: float = 1.0) -> np.ndarray:

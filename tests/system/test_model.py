@@ -10,10 +10,10 @@ from raysim.system import (
     SystemConfig,
     SystemModel,
     compute_time,
-    expected_compute_phase,
     explicit_completions,
     speed_factors,
 )
+from raysim.system.analytic import expected_compute_phase
 
 
 def _model(seed: int = 0, num_clients: int = 50, **section) -> SystemModel:

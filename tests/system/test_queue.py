@@ -4,13 +4,8 @@ import numpy as np
 import pytest
 
 from raysim.rng import SERVER, stream
-from raysim.system import (
-    burke_completions,
-    expected_explicit_drain,
-    explicit_completions,
-    explicit_queue_bound,
-    mm1_sojourn_times,
-)
+from raysim.system import burke_completions, explicit_completions, mm1_sojourn_times
+from raysim.system.analytic import expected_explicit_drain, explicit_queue_bound
 
 
 def _drains(fn, sizes, reps: int, seed: int, **kw) -> np.ndarray:

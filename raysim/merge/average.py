@@ -1,0 +1,17 @@
+"""One-shot FedAvg: the data-size-weighted average of the local models (specs/fedfisher.md §4.1)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def client_weights(sizes: np.ndarray) -> np.ndarray:
+    """p_i = n_i / sum_k n_k (spec §1.1, the code's weighting)."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    if sizes.sum() <= 0:
+        raise ValueError("client sizes must sum to a positive number")
+    return sizes / sizes.sum()
+
+
+def weighted_average(models: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """sum_i p_i W_i for models stacked as [M, d] and weights summing to 1."""
+    return np.tensordot(np.asarray(weights, dtype=np.float64), np.asarray(models, dtype=np.float64), axes=1)

@@ -1,0 +1,64 @@
+"""FedFisher plots: the accuracy-by-method table and bar chart of a `raysim oneshot` comparison
+(specs/fedfisher.md Table 2), and test accuracy by round of a few-shot run (Fig. 2)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from raysim.report import register_report
+from raysim.results import RunResult, write_text
+
+ONESHOT_FAMILIES = {"oneshot_fedavg", "fisher_merge", "regmean", "fedfisher", "otfusion"}
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per method: mean and population std (np.std, spec §8.17) of test accuracy in %, seeds, and costs."""
+    g = table.groupby("method", sort=False)
+    return pd.DataFrame({
+        "accuracy_mean": g["test_accuracy"].mean() * 100,
+        "accuracy_std": g["test_accuracy"].std(ddof=0) * 100,
+        "seeds": g["seed"].count(),
+        "client_oracle_calls": g["client_oracle_calls"].mean(),
+        "upload_bytes": g["upload_bytes"].mean(),
+    })
+
+
+def write_comparison(table: pd.DataFrame, out: Path) -> list[Path]:
+    """oneshot.md (accuracy ± std by method) and oneshot.png (bar chart with std error bars)."""
+    s = summary(table)
+    lines = ["| method | test accuracy (%) | seeds | client oracle calls | upload bytes |", "|---|---|---|---|---|"]
+    lines += [f"| {m} | {r.accuracy_mean:.2f} ± {r.accuracy_std:.2f} | {r.seeds} | {r.client_oracle_calls:,.0f} | "
+              f"{r.upload_bytes:,.0f} |" for m, r in s.iterrows()]
+    md = Path(out) / "oneshot.md"
+    write_text("\n".join(lines) + "\n", md)
+    fig, ax = plt.subplots(figsize=(1.2 * len(s) + 2, 3.6))
+    ax.bar(s.index, s["accuracy_mean"], yerr=s["accuracy_std"], capsize=4, color="tab:blue", alpha=0.8)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"one-shot methods ({int(s['seeds'].max())} seeds)")
+    ax.tick_params(axis="x", rotation=30)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    png = Path(out) / "oneshot.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return [md, png]
+
+
+@register_report("fedfisher_rounds")
+def plot_rounds(result: RunResult) -> list[Path]:
+    """Test accuracy after each round of a few-shot (rounds > 1) one-shot-family run; [] otherwise."""
+    rounds = result.rounds
+    if result.config["algorithm"]["name"] not in ONESHOT_FAMILIES or len(rounds) < 2:
+        return []
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.plot(rounds["round"], rounds["test_accuracy"] * 100, marker="o")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = result.run_dir / "fewshot_accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

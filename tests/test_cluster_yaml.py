@@ -1,0 +1,27 @@
+"""cluster.yaml against Ray's own cluster-launcher schema, as `ray up` checks it."""
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+CLUSTER = yaml.safe_load((Path(__file__).parents[1] / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_validates_against_rays_schema():
+    validate_config(prepare_config(CLUSTER))  # what `ray up` runs before it launches anything
+
+
+def test_cluster_yaml_has_head_and_gpu_workers_and_installs_raysim_from_the_repo():
+    types = CLUSTER["available_node_types"]
+    assert CLUSTER["head_node_type"] in types
+    gpu = [t for t, spec in types.items() if spec["max_workers"] > 0]
+    assert gpu, "no worker node type"
+    assert any(src == "." for src in CLUSTER["file_mounts"].values())  # the repo itself is mounted
+    assert any("pip install" in cmd and "-e ~/raysim" in cmd for cmd in CLUSTER["setup_commands"])
+
+
+def test_the_schema_check_is_real():
+    with pytest.raises(jsonschema.ValidationError):
+        validate_config(prepare_config({**CLUSTER, "max_workers": "four"}))

@@ -1,0 +1,41 @@
+"""Summed PSS of a whole simulation, and the memory bound of a 10^4-client run (benchmarks/scale.py)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from raysim.memory import PeakMemory, session_processes, summed_pss
+
+ROOT = Path(__file__).parents[1]
+BOUND_MB = 2500  # measured 1,832 MB at 10^4 clients (1,628 at 10^3, 2,594 at 10^5 with 10x the data)
+
+
+def test_summed_pss_counts_a_childs_private_memory():
+    child = subprocess.Popen([sys.executable, "-c", "import numpy, time; a = numpy.ones(200 * 2**20 // 8);"
+                              " print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        me = psutil.Process()
+        with_child, alive = summed_pss([me, *me.children(recursive=True)])
+        alone, _ = summed_pss([me])
+        assert alive == 2 and with_child - alone > 190 * 2**20  # the child's 200 MB array
+        with PeakMemory(lambda: session_processes("no-such-session-dir"), interval=0.05) as mem:
+            buf = np.ones(100 * 2**20 // 8)
+        assert mem.peak >= alone + 90 * 2**20 and buf[0] == 1  # the driver itself, growing while sampled
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_ten_thousand_clients_stay_under_the_memory_bound(tmp_path):
+    out = tmp_path / "scale.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--clients", "10000", "--rounds", "2",
+                    "--json", str(out)], check=True, capture_output=True, timeout=600, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    (m,) = json.loads(out.read_text())
+    assert m["clients"] == 10000 and m["per_round"] == 1000
+    assert 500 < m["peak_pss_mb"] < BOUND_MB, m
