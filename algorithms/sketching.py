@@ -202,11 +202,12 @@ class IterativeSketchingFL(FedAvg):
         theta_g = torch.as_tensor(replica.params, device=self.device)
         theta = theta_g.expand(k, -1).clone()
         rows = torch.arange(k, device=self.device)[:, None]
+        every = torch.ones((k, 1), dtype=self.dtype, device=self.device)
         for s in range(p.local_steps):
             g = self._grads(theta, x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s])
             if p.dp is not None:
                 g = g + self.sigma * noise[:, s]
-            theta = theta - p.lr * g
+            theta.addcmul_(every, g, value=-p.lr)  # FedAvg's step_many arithmetic (fused), so `none` == FedAvg bitwise
         weights = [float(len(d)) if p.weighting == "samples" else 1.0 for d in datas]
         scaled = torch.tensor(weights, dtype=self.dtype, device=self.device)[:, None] * (theta - theta_g)
         uploads = self.sketch(t).sk(scaled).cpu().numpy()

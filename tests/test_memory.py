@@ -20,7 +20,7 @@ def test_summed_pss_counts_a_childs_private_memory():
     try:
         assert child.stdout.readline().strip() == "ready"
         me = psutil.Process()
-        with_child, alive = summed_pss([me, *me.children(recursive=True)])
+        with_child, alive = summed_pss([me, psutil.Process(child.pid)])
         alone, _ = summed_pss([me])
         assert alive == 2 and with_child - alone > 190 * 2**20  # the child's 200 MB array
         with PeakMemory(lambda: session_processes("no-such-session-dir"), interval=0.05) as mem:
