@@ -23,7 +23,7 @@ from torch.func import functional_call, grad, vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
-from raysim.models import DTYPES, ParamSpec, build_model, initial_vector
+from raysim.models import initial_vector, placed_model
 from raysim.registry import register_algorithm
 from raysim.sampling import sample_clients
 
@@ -182,11 +182,7 @@ class FedAvg(Algorithm):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.module = build_model(ctx.model, ctx.feature_shape, ctx.image_shape, ctx.num_classes)
-        self.spec = ParamSpec.of(self.module)
-        self.dtype = DTYPES[ctx.model.dtype]
-        self.device = torch.device(ctx.device)
-        self.module.to(self.device)
+        self.module, self.spec, self.dtype, self.device = placed_model(ctx)
         self._grad = grad(self._loss)
         self._vgrad = vmap(self._grad)
 

@@ -28,7 +28,7 @@ from raysim.merge.average import client_weights, weighted_average
 from raysim.merge.fisher_merge import fisher_merge
 from raysim.merge.otfusion import otfusion
 from raysim.merge.regmean import input_grams, linear_layers, regmean
-from raysim.models import DTYPES, ParamSpec, build_model, initial_vector
+from raysim.models import initial_vector, placed_model
 from raysim.registry import register_algorithm
 from raysim.rng import SERVER, SETUP, stream
 
@@ -61,11 +61,7 @@ class OneShot(Algorithm):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.module = build_model(ctx.model, ctx.feature_shape, ctx.image_shape, ctx.num_classes)
-        self.spec = ParamSpec.of(self.module)
-        self.dtype = DTYPES[ctx.model.dtype]
-        self.device = torch.device(ctx.device)
-        self.module.to(self.device)
+        self.module, self.spec, self.dtype, self.device = placed_model(ctx)
         if ctx.clients_per_round != ctx.num_clients:
             raise ValueError(f"algorithm.clients_per_round: one-shot methods take every client each round; "
                              f"set it to data.num_clients={ctx.num_clients} (got {ctx.clients_per_round})")

@@ -128,5 +128,13 @@ def initial_vector(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | 
     return (flat * cfg.init_scale).numpy()
 
 
+
+def placed_model(ctx) -> tuple[nn.Module, "ParamSpec", torch.dtype, torch.device]:
+    """An algorithm's model from its Context: built in the configured dtype, moved to ctx.device,
+    with the ParamSpec that maps it to flat parameter vectors."""
+    module = build_model(ctx.model, ctx.feature_shape, ctx.image_shape, ctx.num_classes)
+    device = torch.device(ctx.device)
+    return module.to(device), ParamSpec.of(module), DTYPES[ctx.model.dtype], device
+
 from raysim import cnn_models  # noqa: E402,F401  (registers the FedFisher paper models: lenet, paper_cnn)
 from raysim import paper_nets  # noqa: E402,F401  (registers the FedLRGD paper models: linear, sigmoid_mlp, sigmoid_cnn)

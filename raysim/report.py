@@ -21,6 +21,14 @@ REPORTERS: dict[str, Reporter] = {}
 REPORT_MODULES: tuple[str, ...] = ("raysim.plots.kernel", "raysim.plots.fedfisher", "raysim.plots.fedlrgd", "raysim.plots.zo", "raysim.plots.sketching")
 
 
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Lay out, write and close a figure; returns its path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def register_report(name: str) -> Callable[[Reporter], Reporter]:
     """Decorator: `f(result) -> [written paths]` runs on every `raysim report`; return [] when the run does not fit."""
 
@@ -46,10 +54,7 @@ def plot_metrics(result: RunResult) -> list[Path]:
             ax.set_ylabel(m)
             ax.grid(alpha=0.3)
         fig.suptitle(f"{result.run_dir.name}: metrics vs {label}")
-        fig.tight_layout()
-        path = result.run_dir / f"metrics_vs_{x}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        path = save_figure(fig, result.run_dir / f"metrics_vs_{x}.png")
         written.append(path)
     return written
 
@@ -68,11 +73,7 @@ def plot_timeline(result: RunResult) -> Path | None:
     ax.set_ylabel("client finish time (simulated, in round)")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = result.run_dir / "client_timeline.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, result.run_dir / "client_timeline.png")
 
 
 def report(run_dir: str | Path) -> list[Path]:

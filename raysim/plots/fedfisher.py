@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from raysim.report import register_report
+from raysim.report import register_report, save_figure
 from raysim.results import RunResult, write_text
 
 ONESHOT_FAMILIES = {"oneshot_fedavg", "fisher_merge", "regmean", "fedfisher", "otfusion"}
@@ -39,10 +39,7 @@ def write_comparison(table: pd.DataFrame, out: Path) -> list[Path]:
     ax.set_title(f"one-shot methods ({int(s['seeds'].max())} seeds)")
     ax.tick_params(axis="x", rotation=30)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    png = Path(out) / "oneshot.png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    png = save_figure(fig, Path(out) / "oneshot.png")
     return [md, png]
 
 
@@ -57,8 +54,4 @@ def plot_rounds(result: RunResult) -> list[Path]:
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = result.run_dir / "fewshot_accuracy.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [save_figure(fig, result.run_dir / "fewshot_accuracy.png")]

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from raysim.rank import RANK_FILE, summarize  # noqa: E402
-from raysim.report import register_report  # noqa: E402
+from raysim.report import register_report, save_figure  # noqa: E402
 from raysim.results import RunResult  # noqa: E402
 
 
@@ -32,8 +32,4 @@ def rank_histogram(result: RunResult) -> list[Path]:
     ax.set_title(f"{result.run_dir.name}: {s.coordinates} weights, median {s.median:g}, "
                  f"≤10: {s.share_le_10:.0%}, ≤5: {s.share_le_5:.0%}", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = result.run_dir / "rank_histogram.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return [out]
+    return [save_figure(fig, result.run_dir / "rank_histogram.png")]

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from raysim.report import register_report  # noqa: E402
+from raysim.report import register_report, save_figure  # noqa: E402
 from raysim.results import RunResult  # noqa: E402
 
 KERNEL_ALGORITHMS = ("kernel_fedavg", "kernel_fedprox")
@@ -41,9 +41,7 @@ def plot_series(series: dict[str, pd.DataFrame], metrics, path: Path, title: str
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
     return path
 
 
@@ -76,9 +74,7 @@ def plot_gain(table: pd.DataFrame, x: str, xlabel: str, path: Path, title: str) 
     axes[0].set_ylabel("federation gain FG")
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
     return path
 
 
@@ -95,7 +91,5 @@ def plot_inverse_mse(table: pd.DataFrame, path: Path, title: str) -> Path:
     axes[0].set_yscale("log")
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
     return path

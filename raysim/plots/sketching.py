@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from raysim.report import register_report  # noqa: E402
+from raysim.report import register_report, save_figure  # noqa: E402
 from raysim.results import RunResult  # noqa: E402
 
 ERROR_METRICS = ("train_loss", "test_loss", "test_accuracy")
@@ -60,10 +60,7 @@ def plot_sketching(result: RunResult) -> list[Path]:
                 ax.set_xscale("log")
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"{result.config['name']}: error vs rounds and vs uplink")
-    fig.tight_layout()
-    path = result.run_dir / "sketching_error.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_figure(fig, result.run_dir / "sketching_error.png")
     written = [path]
     if "dp_eps_advanced" in result.rounds:
         written.append(plot_accountants(result))
@@ -83,11 +80,7 @@ def plot_accountants(result: RunResult) -> Path:
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = result.run_dir / "privacy_accountants.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, result.run_dir / "privacy_accountants.png")
 
 
 def plot_attack(table: pd.DataFrame, path: Path, input_dim: int) -> Path:
@@ -116,7 +109,5 @@ def plot_attack(table: pd.DataFrame, path: Path, input_dim: int) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle("gradient-leakage attack on sketched uploads")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from raysim.report import register_report
+from raysim.report import register_report, save_figure
 from raysim.results import RunResult
 
 
@@ -41,9 +41,7 @@ def plot_curves(curves: dict[str, pd.DataFrame], path: Path, title: str) -> Path
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -65,9 +63,7 @@ def plot_cosines(profiles: dict[str, np.ndarray], path: Path) -> Path:
     ax.set_ylabel("cumulative mean cos(g_hat, grad F)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

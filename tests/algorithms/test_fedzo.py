@@ -12,12 +12,7 @@ from raysim.rng import SERVER, stream
 from raysim.zo.family import ZOBroadcast
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(cls, num_clients=5, **params):

@@ -15,13 +15,7 @@ from raysim.rng import SERVER, stream
 from raysim.zo import gp, rff
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One torch thread: small matrices on a shared 2-core machine slow down 30x with two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(num_clients=5, seed=0, **params):

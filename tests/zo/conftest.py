@@ -1,7 +1,6 @@
 """Helpers of the zeroth-order tests: build a ZO algorithm without Ray and drive its rounds in process."""
 import numpy as np
 import pytest
-import torch
 
 from raysim.contract import ClientData, Context
 from raysim.models import ModelConfig
@@ -41,9 +40,5 @@ def driver():
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One torch thread: small matrices on a shared 2-core machine slow down 30x with two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Every test of tests/zo runs on one torch thread."""
