@@ -65,6 +65,12 @@ class Context:
     device: str = "cpu"
     train_path: str | None = None  # the pooled training Parquet, for server-side data (e.g. FedLRGD's r samples)
     target_shape: tuple = ()  # per-sample target shape of a regression source (num_classes 0)
+    partition_seed: int | None = None  # data.partition_seed: fixes the data across experiment seeds
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the data split and of server-side samples drawn from it (`DataConfig.split_seed`)."""
+        return self.seed if self.partition_seed is None else self.partition_seed
 
 
 @dataclass

@@ -23,6 +23,7 @@ def make_context(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu"
         device=device,
         train_path=data.train_path,
         target_shape=tuple(data.target_shape),
+        partition_seed=cfg.data.partition_seed,
     )
 
 

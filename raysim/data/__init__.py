@@ -23,4 +23,4 @@ __all__ = [
     "register_partitioner",
     "register_source",
 ]
-from raysim.data import vision  # noqa: F401,E402  (registers fashion_mnist, cifar10, svhn, cinic10, digits28, dirichlet_classes)
+from raysim.data import vision  # noqa: F401,E402  (registers fashion_mnist, cifar10, svhn, cinic10, digits28)

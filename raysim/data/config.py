@@ -61,7 +61,11 @@ class DataConfig(BaseModel):
     source: str = Field("digits", description="digits, mnist1d, synthetic, parquet, or a registered source")
     num_clients: int = Field(ge=1)
     test_fraction: float = Field(0.2, description="share of the samples held out as the server's test set, in (0, 1)")
+    test_split: Literal["holdout", "source"] = Field(
+        "holdout", description="holdout: a stratified test_fraction of the pooled samples; source: the source's own test set")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    partition_seed: int | None = Field(None, ge=0, description="seed of the data (generation, test split, partition, "
+                                       "server validation samples), fixed across experiment seeds; None: the experiment seed")
     path: str | None = Field(None, description="the Parquet file (source: parquet)")
     client_column: str = "client_id"
     label_column: str = "label"
@@ -85,6 +89,10 @@ class DataConfig(BaseModel):
         if not 0 < value < 1:
             raise ValueError("must be in the open interval (0, 1)")
         return value
+
+    def split_seed(self, seed: int) -> int:
+        """The seed of the data: `partition_seed` when set (spec fedfisher §8.12 fixes it at 3), else the experiment's."""
+        return seed if self.partition_seed is None else self.partition_seed
 
     @model_validator(mode="after")
     def _consistent(self) -> DataConfig:

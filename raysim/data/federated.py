@@ -27,7 +27,7 @@ from raysim.rng import SERVER, SETUP, stream
 ROW_GROUP_BYTES = 1 << 20
 TEST_CLIENT = -1
 _META_KEY = b"raysim"
-LABEL_PARTITIONERS = ("dirichlet", "shards")  # need class labels: not for regression sources
+LABEL_PARTITIONERS = ("dirichlet", "dirichlet_classes", "shards")  # need class labels: not for regression sources
 
 
 @dataclass
@@ -149,15 +149,25 @@ def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, meta
 
 
 def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
-    """Load the source, hold out the server's test set, partition the rest, write both Parquet files."""
+    """Load the source, hold out the server's test set, partition the rest, write both Parquet files.
+
+    `data.partition_seed`, when set, replaces `seed` here, so the data stay fixed across experiment seeds.
+    """
+    seed = cfg.split_seed(seed)
     src = load_source(cfg, seed)
     natural = cfg.partition.kind == NATURAL
     if src.regression and cfg.partition.kind in LABEL_PARTITIONERS:
         raise ValueError(f"data.partition.kind: {cfg.partition.kind!r} skews class labels, but source "
                          f"{cfg.source!r} has float targets; use iid, quantity or natural")
     labels = np.zeros(len(src.y), dtype=np.int64) if src.regression else src.y
-    test = stratified_holdout(labels, cfg.test_fraction, stream(seed, SETUP, SERVER, "test_split"),
-                              src.natural_clients if natural else None)
+    if cfg.test_split == "source":
+        if src.test_mask is None:
+            raise ValueError(f"data.test_split: source {cfg.source!r} has no test split of its own; "
+                             f"use 'holdout' (allowed: holdout, source)")
+        test = src.test_mask
+    else:
+        test = stratified_holdout(labels, cfg.test_fraction, stream(seed, SETUP, SERVER, "test_split"),
+                                  src.natural_clients if natural else None)
     train = ~test
     num_train, num_test = int(train.sum()), int(test.sum())
     need = cfg.num_clients * cfg.partition.min_size

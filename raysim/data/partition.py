@@ -156,6 +156,26 @@ def dirichlet(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: n
     return _repair(ids, num_clients, cfg.min_size, rng)
 
 
+@register_partitioner("dirichlet_classes")
+def dirichlet_classes(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
+    """The FedFisher code's Dirichlet split (spec §5.1): each client draws class proportions
+    q_i ~ Dir(alpha 1_C); class k goes to client i in proportion q_ik / Σ_j q_jk. Redrawn (up to
+    DIRICHLET_TRIES times) while some client has fewer than min_size samples."""
+    classes = np.unique(labels)
+    ids = np.empty(len(labels), dtype=np.int64)
+    for _ in range(DIRICHLET_TRIES):
+        q = rng.dirichlet(np.full(len(classes), cfg.alpha), size=num_clients)
+        for k, c in enumerate(classes):
+            rows = rng.permutation(np.flatnonzero(labels == c))
+            share = q[:, k] / q[:, k].sum()
+            cuts = np.floor(np.cumsum(share)[:-1] * len(rows)).astype(np.int64)
+            ids[rows] = np.repeat(np.arange(num_clients), np.diff(cuts, prepend=0, append=len(rows)))
+        if np.bincount(ids, minlength=num_clients).min() >= cfg.min_size:
+            return ids
+    raise ValueError(f"data.partition.alpha: {DIRICHLET_TRIES} Dirichlet({cfg.alpha}) draws all left a client with "
+                     f"fewer than min_size={cfg.min_size} samples; raise alpha or lower min_size")
+
+
 def _repair(ids: np.ndarray, num_clients: int, min_size: int, rng: np.random.Generator) -> np.ndarray:
     """Move random samples from clients above min_size, in proportion to their surplus, to those below."""
     sizes = np.bincount(ids, minlength=num_clients)

@@ -35,6 +35,7 @@ class Source:
     targets (`num_classes` = 0): float32/float64 targets of shape (n,) or (n, *target_shape).
     `natural_clients` is the source's own client id (0..K-1) of each sample, or None;
     `image_shape` is the (channels, *spatial) view of one sample for CNNs, or None.
+    `test_mask` marks the source's own test samples (its official split), or is None.
     """
 
     x: np.ndarray
@@ -43,6 +44,7 @@ class Source:
     num_classes: int
     natural_clients: np.ndarray | None = None
     image_shape: tuple[int, ...] | None = None
+    test_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.y)
@@ -57,6 +59,8 @@ class Source:
             raise ValueError(f"source y must be int64 labels in [0, {self.num_classes})")
         if self.natural_clients is not None and self.natural_clients.shape != (n,):
             raise ValueError("source natural_clients must have one client id per sample")
+        if self.test_mask is not None and (self.test_mask.dtype != bool or self.test_mask.shape != (n,)):
+            raise ValueError("source test_mask must be a boolean per sample")
 
     @property
     def regression(self) -> bool:

@@ -1,12 +1,12 @@
 """Image datasets of the FedFisher paper read from their standard on-disk formats (specs/fedfisher.md §5.1).
 
 Nothing is downloaded: `data.path` names a directory that holds the files (IDX for
-FashionMNIST, the CIFAR python pickles, SVHN's .mat files, CINIC-10's png folders). The official
-train and test splits are pooled; the runtime holds out `data.test_fraction` as the test set
-(1/7 reproduces FashionMNIST's 10,000 of 70,000). Pixels are scaled to [0, 1] and normalized
-with the code's per-dataset constants; images are stored channel-first and flattened.
-Also here: `digits28`, scikit-learn's digits upsampled to LeNet's 1x28x28 input, and the
-`dirichlet_classes` partitioner, the paper code's orientation of the Dirichlet split.
+FashionMNIST, the CIFAR python pickles, SVHN's .mat files, CINIC-10's png folders). Each source marks
+its official test split (FashionMNIST t10k, CIFAR-10 test_batch, SVHN test_32x32, CINIC-10 test), which
+the server tests on with `data.test_split: source`; with the default `holdout` the splits are pooled and
+`data.test_fraction` is held out (1/7 gives FashionMNIST's 10,000 of 70,000). Pixels are scaled to [0, 1]
+and normalized with the code's per-dataset constants; images are stored channel-first and flattened.
+Also here: `digits28`, scikit-learn's digits upsampled to LeNet's 1x28x28 input.
 """
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raysim.data.partition import DIRICHLET_TRIES, register_partitioner
 from raysim.data.sources import Source, register_source
 
 if TYPE_CHECKING:
-    from raysim.data.config import DataConfig, PartitionConfig
+    from raysim.data.config import DataConfig
 
 NORMALIZATION = {  # (mean, std) per channel, from the paper's data.py
     "fashion_mnist": ((0.1307,), (0.3081,)),
@@ -49,12 +48,13 @@ def _find(root: Path, names: list[str], what: str) -> Path:
     raise ValueError(f"data.path: no {what} under {root} (looked for {names})")
 
 
-def _source(images: np.ndarray, labels: np.ndarray, name: str) -> Source:
-    """uint8 images [n, C, H, W] scaled to [0, 1], normalized per channel, flattened."""
+def _source(images: np.ndarray, labels: np.ndarray, test: np.ndarray, name: str) -> Source:
+    """uint8 images [n, C, H, W] scaled to [0, 1], normalized per channel, flattened; `test` marks the official test split."""
     mean, std = (np.asarray(v, dtype=np.float32)[None, :, None, None] for v in NORMALIZATION[name])
     x = (images.astype(np.float32) / 255.0 - mean) / std
     shape = tuple(int(s) for s in images.shape[1:])
-    return Source(x.reshape(len(x), -1), labels.astype(np.int64), (int(np.prod(shape)),), 10, image_shape=shape)
+    return Source(x.reshape(len(x), -1), labels.astype(np.int64), (int(np.prod(shape)),), 10, image_shape=shape,
+                  test_mask=np.asarray(test, dtype=bool))
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -79,7 +79,8 @@ def fashion_mnist(cfg: DataConfig, seed: int) -> Source:
             arrays.append(read_idx(_find(root, names, f"FashionMNIST {split} {kind} file")))
         parts.append(arrays)
     images = np.concatenate([p[0] for p in parts])[:, None]
-    return _source(images, np.concatenate([p[1] for p in parts]), "fashion_mnist")
+    test = np.concatenate([np.full(len(p[1]), split == "t10k") for p, split in zip(parts, ("train", "t10k"))])
+    return _source(images, np.concatenate([p[1] for p in parts]), test, "fashion_mnist")
 
 
 @register_source("cifar10")
@@ -93,7 +94,8 @@ def cifar10(cfg: DataConfig, seed: int) -> Source:
             batch = pickle.load(f, encoding="bytes")
         images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.append(np.asarray(batch[b"labels"]))
-    return _source(np.concatenate(images), np.concatenate(labels), "cifar10")
+    test = np.concatenate([np.full(len(b), i == 5) for i, b in enumerate(labels)])
+    return _source(np.concatenate(images), np.concatenate(labels), test, "cifar10")
 
 
 @register_source("svhn")
@@ -107,7 +109,8 @@ def svhn(cfg: DataConfig, seed: int) -> Source:
         mat = loadmat(_find(root, [name], f"SVHN file {name}"))
         images.append(np.transpose(mat["X"], (3, 2, 0, 1)))
         labels.append(mat["y"].reshape(-1) % 10)
-    return _source(np.concatenate(images), np.concatenate(labels), "svhn")
+    test = np.concatenate([np.full(len(b), i == 1) for i, b in enumerate(labels)])
+    return _source(np.concatenate(images), np.concatenate(labels), test, "svhn")
 
 
 @register_source("cinic10")
@@ -119,16 +122,17 @@ def cinic10(cfg: DataConfig, seed: int) -> Source:
     splits = [root / s for s in ("train", "valid", "test", "cinic_train", "cinic_test") if (root / s).is_dir()]
     if not splits:
         raise ValueError(f"data.path: no CINIC-10 split folders (train, valid, test) under {root}")
-    images, labels = [], []
+    images, labels, test = [], [], []
     for split in splits:
         for label, cls in enumerate(CINIC_CLASSES):
             for png in sorted((split / cls).glob("*.png")):
                 with Image.open(png) as im:
                     images.append(np.asarray(im.convert("RGB"), dtype=np.uint8).transpose(2, 0, 1))
                 labels.append(label)
+                test.append(split.name.endswith("test"))
     if not images:
         raise ValueError(f"data.path: no png images in the CINIC-10 class folders under {root}")
-    return _source(np.stack(images), np.asarray(labels), "cinic10")
+    return _source(np.stack(images), np.asarray(labels), np.asarray(test), "cinic10")
 
 
 @register_source("digits28")
@@ -142,23 +146,3 @@ def digits28(cfg: DataConfig, seed: int) -> Source:
     small = torch.tensor(data.images / 16.0, dtype=torch.float32)[:, None]
     x = F.interpolate(small, size=(28, 28), mode="bilinear", align_corners=False).numpy()
     return Source(x.reshape(len(x), -1), data.target.astype(np.int64), (784,), 10, image_shape=(1, 28, 28))
-
-
-@register_partitioner("dirichlet_classes")
-def dirichlet_classes(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
-    """The FedFisher code's Dirichlet split (spec §5.1): each client draws class proportions
-    q_i ~ Dir(alpha 1_C); class k goes to client i in proportion q_ik / Σ_j q_jk. Redrawn (up to
-    DIRICHLET_TRIES times) while some client has fewer than min_size samples."""
-    classes = np.unique(labels)
-    ids = np.empty(len(labels), dtype=np.int64)
-    for _ in range(DIRICHLET_TRIES):
-        q = rng.dirichlet(np.full(len(classes), cfg.alpha), size=num_clients)
-        for k, c in enumerate(classes):
-            rows = rng.permutation(np.flatnonzero(labels == c))
-            share = q[:, k] / q[:, k].sum()
-            cuts = np.floor(np.cumsum(share)[:-1] * len(rows)).astype(np.int64)
-            ids[rows] = np.repeat(np.arange(num_clients), np.diff(cuts, prepend=0, append=len(rows)))
-        if np.bincount(ids, minlength=num_clients).min() >= cfg.min_size:
-            return ids
-    raise ValueError(f"data.partition.alpha: {DIRICHLET_TRIES} Dirichlet({cfg.alpha}) draws all left a client with "
-                     f"fewer than min_size={cfg.min_size} samples; raise alpha or lower min_size")

@@ -52,6 +52,16 @@ def test_deterministic_given_seed(tmp_path):
     assert not pq.read_table(a.train_path).equals(pq.read_table(c.train_path))
 
 
+def test_partition_seed_fixes_the_data_across_experiment_seeds(tmp_path):
+    """spec fedfisher §8.12: with data.partition_seed the split is the same for every experiment seed."""
+    a = digits(tmp_path / "a", kind="dirichlet", seed=0, partition_seed=3)
+    b = digits(tmp_path / "b", kind="dirichlet", seed=7, partition_seed=3)
+    c = digits(tmp_path / "c", kind="dirichlet", seed=3)
+    for path in ("train_path", "test_path"):
+        assert pq.read_table(getattr(a, path)).equals(pq.read_table(getattr(b, path)))
+        assert pq.read_table(getattr(a, path)).equals(pq.read_table(getattr(c, path)))
+
+
 def test_read_clients_returns_exactly_those_rows_as_in_pandas(tmp_path):
     fd = digits(tmp_path, kind="dirichlet")
     got = read_clients(fd.train_path, np.array([7, 2, 7]))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from raysim.data import PARTITIONERS, PartitionConfig, partition, register_partitioner
-from raysim.data.partition import apportion
+from raysim.data.partition import apportion, dirichlet_classes
 from raysim.rng import SERVER, SETUP, stream
 
 KINDS = ["iid", "dirichlet", "shards", "quantity"]
@@ -107,3 +107,15 @@ def test_apportion_sums_and_respects_minimum():
     assert sizes.sum() == 100 and sizes.min() >= 5
     with pytest.raises(ValueError):
         apportion(10, np.ones(3), minimum=4)
+
+
+def test_dirichlet_classes_orientation_and_heterogeneity():
+    """Large alpha: every client near 1/M of every class; small alpha: each client is dominated by few classes."""
+    labels = np.repeat(np.arange(10), 500)
+    rng = np.random.default_rng(0)
+    even = dirichlet_classes(labels, 5, PartitionConfig(kind="dirichlet_classes", alpha=1e4), rng)
+    counts = np.array([np.bincount(labels[even == i], minlength=10) for i in range(5)])
+    assert np.abs(counts / 500 - 0.2).max() < 0.02
+    skew = dirichlet_classes(labels, 5, PartitionConfig(kind="dirichlet_classes", alpha=0.05), rng)
+    top = [np.sort(np.bincount(labels[skew == i], minlength=10))[::-1][:2].sum() / (skew == i).sum() for i in range(5)]
+    assert np.mean(top) > 0.8

@@ -1,15 +1,15 @@
-"""The dataset file loaders on small files written in each on-disk format, and the code-style
-Dirichlet partitioner (specs/fedfisher.md §5.1)."""
+"""The dataset file loaders on small files written in each on-disk format, with their official test
+splits (specs/fedfisher.md §5.1)."""
 import gzip
 import pickle
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 from scipy.io import savemat
 
-from raysim.data import DataConfig, PartitionConfig, load_source
-from raysim.data.vision import dirichlet_classes
+from raysim.data import DataConfig, build_federated, load_source
 
 
 def cfg(source, path):
@@ -34,6 +34,7 @@ def test_fashion_mnist_idx_files(tmp_path):
     assert src.x.shape == (10, 784) and src.image_shape == (1, 28, 28)
     np.testing.assert_array_equal(src.y, np.concatenate([labels["train"], labels["t10k"]]))
     np.testing.assert_allclose(src.x[7], (images["t10k"][1].reshape(-1) / 255.0 - 0.1307) / 0.3081, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(src.test_mask, [False] * 6 + [True] * 4)
 
 
 def test_cifar10_pickles(tmp_path):
@@ -49,6 +50,7 @@ def test_cifar10_pickles(tmp_path):
     first = batches["data_batch_1"][b"data"][0].reshape(3, 32, 32)
     green = (first[1] / 255.0 - 0.482) / 0.243  # channel-first, channel 1
     np.testing.assert_allclose(src.x[0].reshape(3, 32, 32)[1], green, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(src.test_mask, [False] * 10 + [True] * 2)
 
 
 def test_svhn_mat_files_map_label_10_to_0(tmp_path):
@@ -59,6 +61,7 @@ def test_svhn_mat_files_map_label_10_to_0(tmp_path):
     src = load_source(cfg("svhn", tmp_path), 0)
     np.testing.assert_array_equal(src.y, [0, 3, 1, 0, 3])
     assert src.x.shape == (5, 3072) and src.x.min() >= 0 and src.x.max() <= 1
+    np.testing.assert_array_equal(src.test_mask, [False] * 3 + [True] * 2)
 
 
 def test_cinic10_png_folders(tmp_path):
@@ -68,6 +71,7 @@ def test_cinic10_png_folders(tmp_path):
             Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(tmp_path / split / c / "a.png")
     src = load_source(cfg("cinic10", tmp_path), 0)
     np.testing.assert_array_equal(src.y, [0, 9, 3])
+    np.testing.assert_array_equal(src.test_mask, [False, False, True])
     np.testing.assert_allclose(src.x[0].reshape(3, 32, 32)[0, 0, 0], (200 / 255 - 0.4789) / 0.2421, rtol=1e-5, atol=1e-6)
 
 
@@ -82,13 +86,22 @@ def test_digits28_shape():
     assert 0 <= src.x.min() and src.x.max() <= 1
 
 
-def test_dirichlet_classes_orientation_and_heterogeneity():
-    """Large alpha: every client near 1/M of every class; small alpha: each client is dominated by few classes."""
-    labels = np.repeat(np.arange(10), 500)
-    rng = np.random.default_rng(0)
-    even = dirichlet_classes(labels, 5, PartitionConfig(kind="dirichlet_classes", alpha=1e4), rng)
-    counts = np.array([np.bincount(labels[even == i], minlength=10) for i in range(5)])
-    assert np.abs(counts / 500 - 0.2).max() < 0.02
-    skew = dirichlet_classes(labels, 5, PartitionConfig(kind="dirichlet_classes", alpha=0.05), rng)
-    top = [np.sort(np.bincount(labels[skew == i], minlength=10))[::-1][:2].sum() / (skew == i).sum() for i in range(5)]
-    assert np.mean(top) > 0.8
+def test_official_test_split_is_the_servers_test_set(tmp_path):
+    """`data.test_split: source`: the server tests on exactly the source's test files, clients share the rest."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
+        labels = [9, 9, 9] if name == "test_batch" else [i, i, i]
+        (folder / name).write_bytes(pickle.dumps({b"data": rng.integers(0, 256, (3, 3072)).astype(np.uint8),
+                                                  b"labels": labels}))
+    data = DataConfig(source="cifar10", path=str(tmp_path), num_clients=3, test_split="source")
+    fed = build_federated(data, 0, tmp_path / "fed")
+    assert (fed.num_train, fed.num_test) == (15, 3)
+    test_y = pd.read_parquet(fed.test_path)["y"]
+    assert (test_y == 9).all() and (pd.read_parquet(fed.train_path)["y"] != 9).all()
+
+
+def test_official_test_split_needs_a_source_that_has_one(tmp_path):
+    with pytest.raises(ValueError, match="data.test_split.*'digits'"):
+        build_federated(DataConfig(source="digits", num_clients=2, test_split="source"), 0, tmp_path)
