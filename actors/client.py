@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -24,8 +25,9 @@ from raysim.system import SystemModel
 
 @dataclass
 class ShardResult:
-    """What a shard sends back for a round: per-client costs and sampled compute times, and the
-    replies — one pre-reduced reply of the clients within the deadline when the server asked for it."""
+    """What a shard sends back for a round: per-client costs, sampled compute times and measured CPU
+    seconds, and the replies — one pre-reduced reply of the clients within the deadline when the
+    server asked for it."""
 
     clients: list[int]
     costs: list
@@ -33,6 +35,7 @@ class ShardResult:
     replies: list
     reduced: bool
     real_seconds: float = 0.0
+    cpu_seconds: list[float] | None = None
 
 
 class ClientShard:
@@ -79,8 +82,10 @@ class ClientShard:
         for round, clients, broadcast in replay:
             self._steps(round, clients, ray.get(broadcast) if isinstance(broadcast, ray.ObjectRef) else broadcast)
 
-    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> list:
-        """The clients' steps for `round` (updating their states); `fail` kills the process after the first."""
+    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> tuple[list, list[float]]:
+        """The clients' steps for `round` (updating their states) and the CPU seconds of each (this
+        process's); a vectorized step's time is split in proportion to oracle calls. `fail` kills
+        the process after the first step."""
         datas = [self.data[c] for c in clients]
         states = [self.states[c] for c in clients]
         rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
@@ -88,17 +93,25 @@ class ClientShard:
             self.algo.step(states[0], datas[0], broadcast, rngs[0])
             os._exit(1)
         if self.cfg.algorithm.vectorize:
+            t0 = time.process_time()
             outs = self.algo.step_many(states, datas, broadcast, rngs)
+            calls = np.array([o[2].oracle_calls for o in outs], dtype=np.float64)
+            share = calls / calls.sum() if calls.sum() > 0 else np.full(len(outs), 1 / max(len(outs), 1))
+            cpu = (share * (time.process_time() - t0)).tolist()
         else:
-            outs = [self.algo.step(s, d, broadcast, r) for s, d, r in zip(states, datas, rngs)]
+            outs, cpu = [], []
+            for s, d, r in zip(states, datas, rngs):
+                t0 = time.process_time()
+                outs.append(self.algo.step(s, d, broadcast, r))
+                cpu.append(time.process_time() - t0)
         for c, o in zip(clients, outs):
             self.states[c] = o[1]
-        return outs
+        return outs, cpu
 
     def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
         """Run `clients`' step for `round`; sleep their sampled time under `clock: real`."""
         t0 = time.perf_counter()
-        outs = self._steps(round, clients, broadcast, fail)
+        outs, cpu = self._steps(round, clients, broadcast, fail)
         replies = [o[0] for o in outs]
         costs = [o[2] for o in outs]
         times = [self.system.client_compute_time(round, c, cost) for c, cost in zip(clients, costs)]
@@ -109,7 +122,7 @@ class ClientShard:
             deadline = self.cfg.system.stragglers.deadline
             kept = [r for r, t in zip(replies, times) if deadline is None or t <= deadline]
             replies = [self.algo.reduce(kept)] if kept else []
-        return ShardResult(clients, costs, times, replies, reduce, time.perf_counter() - t0)
+        return ShardResult(clients, costs, times, replies, reduce, time.perf_counter() - t0, cpu)
 
 
 @ray.remote

@@ -169,6 +169,7 @@ class Server:
         arrived = np.array([c for c in clients.tolist() if c in by_client], dtype=np.int64)
         costs = [by_client[c][0].costs[by_client[c][1]] for c in arrived.tolist()]
         times = np.array([by_client[c][0].compute_times[by_client[c][1]] for c in arrived.tolist()])
+        cpu = [by_client[c][0].cpu_seconds[by_client[c][1]] for c in arrived.tolist()]
         if self.cfg.system.clock.mode == "real":  # what arrived in real time is kept; the rest is `late`
             dropped = np.zeros(len(arrived), dtype=bool)
         else:
@@ -198,6 +199,7 @@ class Server:
             **totals,
             "round_sim_time": timing.round_time,
             "round_wall_s": time.perf_counter() - t0,
+            "client_cpu_s": float(sum(cpu)),
             "actor_restarts": self.restarts,
             "checkpoint": bool(saved),
             **metrics,
@@ -206,10 +208,10 @@ class Server:
             {"round": round, "client_id": c, "oracle_calls": cost.oracle_calls,
              "upload_bytes": 0 if d else cost.upload_bytes, "compute_time": float(timing.compute_time[i]),
              "upload_time": float(timing.upload_time[i]), "finish_time": float(timing.finish_time[i]),
-             "dropped": bool(d)}
+             "dropped": bool(d), "cpu_s": cpu[i]}
             for i, (c, cost, d) in enumerate(zip(arrived.tolist(), costs, timing.dropped))
         ] + [{"round": round, "client_id": c, "oracle_calls": 0, "upload_bytes": 0, "compute_time": np.nan,
-              "upload_time": 0.0, "finish_time": np.nan, "dropped": True} for c in lost]
+              "upload_time": 0.0, "finish_time": np.nan, "dropped": True, "cpu_s": np.nan} for c in lost]
         return row, client_rows
 
     def get_state(self) -> Any:

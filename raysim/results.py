@@ -16,6 +16,13 @@ import yaml
 if TYPE_CHECKING:
     import pandas as pd
 
+HOST_COLUMNS = ("wall_s", "round_wall_s", "client_cpu_s", "cpu_s", "actor_restarts")  # measured on this host: vary run to run
+
+
+def reproducible(table: pd.DataFrame) -> pd.DataFrame:
+    """A rounds or clients table without its HOST_COLUMNS: what runs with the same seed must reproduce exactly."""
+    return table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns])
+
 
 def atomic_write_bytes(path: Path, write) -> None:
     """Write through `write(tmp_path)` to a temporary file beside `path`, then rename over it."""
