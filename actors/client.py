@@ -114,7 +114,7 @@ class ClientShard:
         outs, cpu = self._steps(round, clients, broadcast, fail)
         replies = [o[0] for o in outs]
         costs = [o[2] for o in outs]
-        times = [self.system.client_compute_time(round, c, cost) for c, cost in zip(clients, costs)]
+        times = self.system.client_compute_times(round, clients, costs).tolist()
         clock = self.cfg.system.clock
         if clock.mode == "real":
             time.sleep(max(times) * clock.time_scale)

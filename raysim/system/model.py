@@ -54,11 +54,17 @@ class SystemModel:
         """Oracle calls of a cost in the configured unit: per-sample calls or minibatch steps."""
         return cost.oracle_calls if self.cfg.compute.unit == "sample" else cost.oracle_batches
 
-    def client_compute_time(self, round: int, client: int, cost: Cost) -> float:
-        """A client's compute time b*shift + Erlang(b, rate) over its speed factor (§2.1)."""
+    def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: list[Cost]) -> np.ndarray:
+        """The clients' compute times b*shift + Erlang(b, rate) over their speed factors (§2.1).
+
+        Client c's Erlang draw is the quantile of the c-th uniform of the round's stream, so it does not
+        depend on which clients share its actor, and a whole shard costs one vectorized quantile.
+        """
         c = self.cfg.compute
-        rng = stream(self.seed, round, client, "compute")
-        return compute_time(self.calls(cost), rng, c.shift, c.rate, self.speed[client])
+        u = stream(self.seed, round, SERVER, "client_compute").random(self.num_clients)
+        idx = np.asarray(clients, dtype=np.int64)
+        calls = np.array([self.calls(k) for k in costs], dtype=float)
+        return np.atleast_1d(compute_time(calls, u[idx], c.shift, c.rate, self.speed[idx]))
 
     def server_compute_time(self, round: int, cost: Cost) -> float:
         """The server's compute time b*shift + Erlang(b, rate), mean 2b by default (20)."""

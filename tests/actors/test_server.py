@@ -97,8 +97,8 @@ def test_real_clock_waits_and_drops_real_stragglers(ray_cluster, tmp_path):
                           system__stragglers__deadline=deadline, algorithm__rounds=3)
     cfg = load_config(CFG, {"system.stragglers.deadline": deadline})
     model = SystemModel(cfg.system, cfg.seed, 12)
-    sampled = {(r, c): model.client_compute_time(r, c, Cost(oracle_calls=20, oracle_batches=4))
-               for r, c in zip(clients["round"], clients["client_id"])}
+    cost = Cost(oracle_calls=20, oracle_batches=4)
+    sampled = {(r, c): model.client_compute_times(r, [c], [cost])[0] for r, c in zip(clients["round"], clients["client_id"])}
     late = {k for k, t in sampled.items() if t > deadline}
     dropped = set(zip(clients.loc[clients["dropped"], "round"], clients.loc[clients["dropped"], "client_id"]))
     assert late and late <= dropped  # every client that slept past the deadline was really dropped

@@ -73,7 +73,7 @@ def drive(algo, clients, system=None, ledger=None, stop_before_gd=False):
         state, scost = algo.aggregate(state, replies, stream(seed, t, SERVER, "aggregate"))
         records.append({"phase": plan.phase, "clients": len(plan.clients), "costs": costs, "server": scost})
         if system is not None:
-            times = np.array([system.client_compute_time(t, c, k) for c, k in zip(plan.clients.tolist(), costs)])
+            times = system.client_compute_times(t, plan.clients, costs)
             dropped, _ = system.stragglers(plan.clients, times, None)
             timing = system.close_round(t, plan.clients, times, costs, scost,
                                         system.server_compute_time(t, scost), dropped)

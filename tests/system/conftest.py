@@ -19,7 +19,7 @@ def play_round(
 ) -> RoundTiming:
     """Run one round the way the runner does: compute times, stragglers, then close the round."""
     clients = np.arange(len(costs))
-    times = np.array([model.client_compute_time(round, int(c), cost) for c, cost in zip(clients, costs)])
+    times = model.client_compute_times(round, clients, costs)
     dropped, _ = model.stragglers(clients, times, keep)
     server_time = model.server_compute_time(round, server_cost)
     return model.close_round(round, clients, times, costs, server_cost, server_time, dropped)
