@@ -5,7 +5,7 @@ W0 and uploads its model (plus statistics); the server merges the uploads in `ag
 64, shuffled each epoch, deterministic from the client's rng), all M clients every round, client
 weights p_i = n_i/N, a 500-sample server validation set drawn with replacement from the pooled
 training data. `rounds > 1` repeats it from the merged model (the few-shot extension, §8.10).
-The baselines here: one-shot FedAvg, FisherMerge, RegMean and OTFusion (their math in
+The baselines here: one-shot FedAvg, FisherMerge, RegMean, OTFusion and PFNM (their math in
 raysim/merge/); FedFisher in `algorithms/fedfisher.py`.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from raysim.fisher import curvature_layers, diagonal_fisher
 from raysim.merge.average import client_weights, weighted_average
 from raysim.merge.fisher_merge import fisher_merge
 from raysim.merge.otfusion import otfusion
+from raysim.merge.pfnm import PFNMPrior, pfnm, widen
 from raysim.merge.regmean import input_grams, linear_layers, regmean
 from raysim.models import initial_vector, placed_model
 from raysim.registry import register_algorithm
@@ -77,9 +78,12 @@ class OneShot(Algorithm):
     def evaluate(self, state: ServerState, data: EvalData) -> dict[str, float]:
         """Top-1 test accuracy and cross-entropy of the merged model; the loss on pooled training data."""
         params = self.spec.unflatten(torch.as_tensor(state.params, dtype=self.dtype, device=self.device))
+        return self.metrics(lambda x: functional_call(self.module, params, (x,)), data)
+
+    def metrics(self, forward, data: EvalData) -> dict[str, float]:
+        """`evaluate`'s metrics of the network `forward` (a callable on a batch of inputs)."""
         with torch.no_grad():
-            out = functional_call(self.module, params, (data.test_x.to(self.device),))
-            train = functional_call(self.module, params, (data.train_x.to(self.device),))
+            out, train = forward(data.test_x.to(self.device)), forward(data.train_x.to(self.device))
         test_y, train_y = data.test_y.to(self.device), data.train_y.to(self.device)
         return {"test_accuracy": float((out.argmax(1) == test_y).double().mean()),
                 "test_loss": float(F.cross_entropy(out, test_y)), "train_loss": float(F.cross_entropy(train, train_y))}
@@ -140,7 +144,7 @@ class OneShot(Algorithm):
         from raysim.data import read_table_arrays
 
         x, y = read_table_arrays(self.ctx.train_path)
-        pick = stream(self.ctx.seed, SETUP, SERVER, "oneshot_validation").choice(len(y), self.params.server_val_size)
+        pick = stream(self.ctx.data_seed, SETUP, SERVER, "oneshot_validation").choice(len(y), self.params.server_val_size)
         return torch.tensor(x[pick], dtype=self.dtype, device=self.device), torch.tensor(y[pick], device=self.device)
 
     def val_accuracy(self, flat: np.ndarray) -> float:
@@ -230,3 +234,60 @@ class OTFusion(OneShot):
 
     def merge(self, models, replies, weights):
         return otfusion(models, weights, self.spec, curvature_layers(self.module)), Cost()
+
+
+class PFNMParams(OneShotParams):
+    """PFNM's BBP prior and MAP search; defaults are the reference code's (spec §4.5)."""
+
+    sigma: float = Field(1.0, gt=0, description="variance of a local neuron around its global atom")
+    sigma0: float = Field(1.0, gt=0, description="prior variance of a global atom")
+    gamma: float = Field(7.0, gt=0, description="mass of the Beta-Bernoulli process (new-neuron propensity)")
+    iterations: int = Field(5, ge=0, description="random-order matching sweeps after the first pass")
+    max_global_width: int = Field(700, ge=1,
+                                  description="new atoms offered to a client: max(this - L, 1), or enough to place all")
+
+
+@dataclass
+class PFNMState(ServerState):
+    """The global model and its hidden widths (None: the local architecture, before the merge)."""
+
+    widths: tuple[int, ...] | None = None
+
+
+@register_algorithm("pfnm")
+class PFNM(OneShot):
+    """PFNM: layer-wise BBP-MAP neuron matching; the global model may be wider than the local ones (spec §4.5).
+    Clients also send their class counts (C numbers) for the output layer's averaging weights."""
+
+    Params = PFNMParams
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.rounds != 1:
+            raise ValueError(f"algorithm.rounds: PFNM is one-shot only (its merged model has another architecture "
+                             f"and the spec does not use it for few-shot, §6.2); set rounds: 1 (got {ctx.rounds})")
+
+    def init(self) -> PFNMState:
+        return PFNMState(super().init().params)
+
+    def client_stats(self, module, data):
+        counts = np.bincount(data.y.cpu().numpy(), minlength=self.ctx.num_classes)
+        return counts, counts.size, Cost()
+
+    def aggregate(self, state, replies, rng):
+        if not replies:
+            return state, Cost()
+        p = self.params
+        prior = PFNMPrior(p.sigma, p.sigma0, p.gamma, p.iterations, p.max_global_width)
+        params, widths = pfnm(np.stack([r.params for r in replies]), np.stack([r.stats for r in replies]),
+                              client_weights([r.n for r in replies]), self.module, prior, rng)
+        return PFNMState(params.astype(state.params.dtype), widths), Cost()
+
+    def evaluate(self, state: PFNMState, data: EvalData) -> dict[str, float]:
+        """The metrics of `OneShot.evaluate` on the widened model, and its hidden widths."""
+        if state.widths is None:
+            return super().evaluate(state, data)
+        module = widen(self.module, state.widths)
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(state.params, dtype=self.dtype, device=self.device),
+                                            module.parameters())
+        return {**self.metrics(module, data), **{f"pfnm_width_{k}": float(w) for k, w in enumerate(state.widths)}}

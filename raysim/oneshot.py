@@ -22,8 +22,9 @@ METHODS: dict[str, tuple[str, dict]] = {
     "fedfisher_diag": ("fedfisher", {"fisher": "diag"}),
     "fedfisher_kfac": ("fedfisher", {"fisher": "kfac"}),
     "otfusion": ("otfusion", {}),
+    "pfnm": ("pfnm", {}),
 }
-NOT_BUILT = {"pfnm": "PFNM is not built yet", "dense": "DENSE needs a GPU and a generator; it is not built"}
+NOT_BUILT = {"dense": "DENSE needs a GPU and a generator; it is not built"}
 
 
 def method_config(tree: dict, method: str, seed: int) -> dict:
@@ -68,6 +69,7 @@ def compare(config: str | Path | dict, methods: list[str], seeds: list[int], out
             rows.append({"method": method, "seed": seed, "rounds": int(last["round"]),
                          "test_accuracy": float(last["test_accuracy"]), "test_loss": float(last["test_loss"]),
                          "client_oracle_calls": int(clients["oracle_calls"].sum()),
+                         "client_cpu_s": float(clients["cpu_s"].mean()),
                          "upload_bytes": int(clients["upload_bytes"].sum()),
                          "sim_time": float(last["sim_time"]), "wall_s": float(last["wall_s"])})
     finally:

@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
 from raysim.algorithms.fedavg import batch_plan
-from raysim.algorithms.oneshot import FisherMerge, OneShotFedAvg, RegMean
+from raysim.algorithms.oneshot import PFNM, FisherMerge, OneShotFedAvg, RegMean
 from raysim.contract import ClientData, Context
 from raysim.models import ModelConfig, ParamSpec, build_model
 from raysim.oneshot import compare, method_config
 from raysim.rng import stream
+from raysim.runner import run
 
 
 def make(cls, num_clients=2, per_round=2, **params):
@@ -83,7 +84,7 @@ def test_method_config_keeps_only_the_keys_a_method_accepts():
 
 @pytest.mark.slow  # about 2.5 min: every method through the runtime
 def test_all_methods_end_to_end_on_the_same_local_models(ray_cluster, tmp_path):
-    methods = ["fedavg", "fisher_merge", "regmean", "fedfisher_diag", "fedfisher_kfac", "otfusion"]
+    methods = ["fedavg", "fisher_merge", "regmean", "fedfisher_diag", "fedfisher_kfac", "otfusion", "pfnm"]
     table = compare(TINY, methods, [0], tmp_path)
     assert list(table["method"]) == methods
     assert table["test_accuracy"].between(0.0, 1.0).all()
@@ -92,3 +93,28 @@ def test_all_methods_end_to_end_on_the_same_local_models(ray_cluster, tmp_path):
     assert calls["fisher_merge"] == calls["fedfisher_diag"] == calls["fedfisher_kfac"] == train + 10 * train // 2
     assert (tmp_path / "oneshot.md").exists() and (tmp_path / "oneshot.png").exists()
     assert len(pd.read_parquet(tmp_path / "oneshot.parquet")) == len(methods)
+    cpu = table.set_index("method")["client_cpu_s"]
+    assert cpu["fedfisher_diag"] > cpu["fedavg"] and cpu["fedfisher_kfac"] > cpu["fedavg"]  # the Fisher pass (Table 1)
+
+
+def test_pfnm_uploads_its_model_and_class_counts_and_is_one_shot_only(data):
+    algo = make(PFNM, local_epochs=1)
+    reply, _, cost = algo.step(None, data, algo.init().params, stream(0, 1, 0, "step"))
+    np.testing.assert_array_equal(reply.stats, np.bincount(data.y.numpy(), minlength=10))
+    d = algo.spec.size
+    assert cost.oracle_calls == 90 and cost.upload_bytes == (d + 10) * 8
+    with pytest.raises(ValueError, match="algorithm.rounds: PFNM is one-shot only"):
+        PFNM(Context(seed=0, rounds=2, clients_per_round=2, num_clients=2, client_sizes=np.ones(2),
+                     feature_shape=(64,), image_shape=None, num_classes=10, model=ModelConfig(name="mlp_nobias"),
+                     params=PFNM.Params()))
+
+
+def test_pfnm_end_to_end_records_its_widths(ray_cluster, tmp_path):
+    """Digits, Dirichlet(0.5) over classes, M = 5: the matched model beats chance and its widths are recorded."""
+    tree = method_config({**TINY, "algorithm": {**TINY["algorithm"], "local_epochs": 5}}, "pfnm", 0)
+    result = run(tree, out=tmp_path, progress=False)
+    last = result.rounds.iloc[-1]
+    assert last["test_accuracy"] > 0.5
+    assert 16 <= last["pfnm_width_0"] <= 5 * 16
+    assert (result.clients["upload_bytes"] == (ParamSpec.of(build_model(ModelConfig(name="mlp_nobias", hidden=[16]),
+                                                                        (64,), None, 10)).size + 10) * 4).all()
