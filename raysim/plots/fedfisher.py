@@ -35,7 +35,7 @@ def write_comparison(table: pd.DataFrame, out: Path) -> list[Path]:
     s = summary(table)
     lines = ["| method | test accuracy (%) | seeds | client oracle calls | upload bytes | client CPU s | vs fedavg |",
              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {m} | {r.accuracy_mean:.2f} ± {r.accuracy_std:.2f} | {r.seeds} | {r.client_oracle_calls:,.0f} | "
+    lines += [f"| {m} | {r.accuracy_mean:.2f} ± {r.accuracy_std:.2f} | {int(r.seeds)} | {r.client_oracle_calls:,.0f} | "
               f"{r.upload_bytes:,.0f} | {r.client_cpu_s:.2f} | {r.cpu_overhead_pct:+.1f}% |" for m, r in s.iterrows()]
     md = Path(out) / "oneshot.md"
     write_text("\n".join(lines) + "\n", md)
