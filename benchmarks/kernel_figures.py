@@ -1,10 +1,12 @@
 """Figures 1-6 of Su, Xu & Yang, "A non-parametric view of FedAvg and FedProx" (specs/kernel-fedavg-fedprox.md §5).
 
-Run: python benchmarks/kernel_figures.py FIGURE [--out DIR] [--trials T]   (FIGURE: fig1 fig2 fig4 fig5 fig6 general)
+Run: python benchmarks/kernel_figures.py FIGURE [--out DIR] [--trials T]
+(FIGURE: fig1 fig2 fig3 fig4 fig5 fig6 general)
 
-* fig1, fig2 (also draws Fig. 3), general (§5.6, Sobolev kernel): real runs through `raysim.run` of
-  configs/kernel_fig1.yaml, kernel_fig2.yaml (batch sizes 20/50/100), kernel_general.yaml, one
-  run per algorithm (FedAvg s = 1, 5, 10 and FedProx); figures of gradient norm and errors vs round.
+* fig1, fig2, fig3, general (§5.6, Sobolev kernel): real runs through `raysim.run` of
+  configs/kernel_fig1.yaml, kernel_fig2.yaml (full batch and B = 20/50/100; Fig. 2 plots the
+  gradient norm of these runs, Fig. 3 the estimation error), kernel_general.yaml, one run per
+  algorithm (FedAvg s = 1, 5, 10 and FedProx); figures of gradient norm and errors vs round.
 * fig4, fig5, fig6: sweeps with converged models (the closed-form fixed point, spec §7.3: finite
   horizons break the paper's "identical across algorithms"), over data drawn by the generators of
   raysim/data/regression.py with the parameters of configs/kernel_fig4/5/6.yaml, fresh per trial.
@@ -13,6 +15,7 @@ Each writes its table (Parquet) and PNG(s) under DIR (default runs/kernel_figure
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ from raysim.data.regression import (client_sizes, linear_model, polynomial_grid,
                                     subspace_model)
 from raysim.federation_gain import empirical_gain, local_estimator
 from raysim.kernels import Monomial, Sobolev1
-from raysim.plots.kernel import ROUND_METRICS, plot_gain, plot_inverse_mse, plot_series
+from raysim.plots.kernel import ROUND_METRICS, plot_gain, plot_inverse_mse, plot_panels, plot_series
 from raysim.rng import SERVER, SETUP, stream
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -38,15 +41,31 @@ RANKS = [1, 5, 10, 14, 16, 18, 20, 23, 27, 30, 40, 50, 60, 70, 80, 90, 95, 100]
 
 # ----------------------------------------------------------------------------- runs through the runtime
 
+@contextmanager
+def ray_session(config: Path):
+    """One local Ray for several runs of `config` (each run would otherwise start and stop its own)."""
+    import ray
+
+    from raysim.runner import ensure_ray
+
+    started = ensure_ray(load_config(config), None)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def run_series(config: Path, out: Path, overrides: dict | None = None, algorithms=ALGORITHMS) -> dict[str, pd.DataFrame]:
     """One real run of `config` per algorithm; {label: rounds table}."""
     import raysim
 
     tables = {}
-    for label, (method, s) in algorithms.items():
-        over = {**(overrides or {}), "algorithm.name": f"kernel_{method}", "algorithm.local_steps": s}
-        slug = label.replace(" ", "_").replace("=", "")
-        tables[label] = raysim.run(config, over, out=out / slug).rounds
+    with ray_session(config):
+        for label, (method, s) in algorithms.items():
+            over = {**(overrides or {}), "algorithm.name": f"kernel_{method}", "algorithm.local_steps": s}
+            slug = label.replace(" ", "_").replace("=", "")
+            tables[label] = raysim.run(config, over, out=out / slug).rounds
     return tables
 
 
@@ -89,18 +108,51 @@ def fig1(out: Path, **_) -> list[Path]:
     return [plot_series(tables, ROUND_METRICS[:2], out / "kernel_fig1.png", "Fig. 1: full batch")]
 
 
-def fig2(out: Path, **_) -> list[Path]:
-    """Figs 2 and 3: the Fig. 1 series with minibatches of B = 20, 50, 100 (§2.5 semantics)."""
-    paths, summaries = [], []
-    for B in (20, 50, 100):
-        tables = run_series(CONFIGS / "kernel_fig2.yaml", out / f"B{B}", {"algorithm.batch_size": B})
-        summaries.append(summarise_rounds(tables).assign(batch_size=B))
-        paths.append(plot_series(tables, ROUND_METRICS[:1], out / f"kernel_fig2_B{B}.png", f"Fig. 2: B = {B}"))
-        paths.append(plot_series(tables, ROUND_METRICS[1:2], out / f"kernel_fig3_B{B}.png", f"Fig. 3: B = {B}"))
-    summary = pd.concat(summaries, ignore_index=True)
-    summary.to_parquet(out / "fig2.parquet")
+BATCH_SIZES = (None, 20, 50, 100)  # Figs 2-3 panels (a)-(d): full batch (redraws Fig. 1), then B = 20, 50, 100
+
+
+def batch_panel(B: int | None) -> str:
+    return "full batch" if B is None else f"B = {B}"
+
+
+def minibatch_series(out: Path) -> dict[str, dict[str, pd.DataFrame]]:
+    """Figs 2-3: the Fig. 1 runs with full local batches and with B = 20, 50, 100 (§2.5 semantics);
+    {panel: {algorithm: rounds table}}."""
+    config = CONFIGS / "kernel_fig2.yaml"
+    with ray_session(config):
+        return {batch_panel(B): run_series(config, out / ("full" if B is None else f"B{B}"),
+                                           {"algorithm.batch_size": B})
+                for B in BATCH_SIZES}
+
+
+def summarise_minibatch(panels: dict[str, dict[str, pd.DataFrame]]) -> pd.DataFrame:
+    """summarise_rounds per panel, with each minibatch plateau and final error relative to full batch (§6.14)."""
+    summary = pd.concat([summarise_rounds(tables).assign(panel=panel) for panel, tables in panels.items()],
+                        ignore_index=True)
+    full = summary[summary["panel"] == batch_panel(None)].set_index("series")
+    for col in ("grad_plateau", "final_coef_error"):
+        summary[f"{col}_over_full"] = summary[col] / summary["series"].map(full[col])
+    return summary
+
+
+def minibatch_figure(out: Path, figure: str, metric: tuple[str, str]) -> list[Path]:
+    """The runs of Figs 2-3, their summary table, and one panel per batch size of `metric`."""
+    panels = minibatch_series(out)
+    summary = summarise_minibatch(panels)
+    summary.to_parquet(out / f"{figure}.parquet")
     print(summary.to_string(index=False))
-    return paths
+    title = f"Fig. {figure[-1]}: {metric[1]}, full batch and minibatches"
+    return [plot_panels(panels, metric, out / f"kernel_{figure}.png", title)]
+
+
+def fig2(out: Path, **_) -> list[Path]:
+    """Fig. 2 (a)-(d): ||grad l|| vs round, full batch and B = 20, 50, 100."""
+    return minibatch_figure(out, "fig2", ROUND_METRICS[0])
+
+
+def fig3(out: Path, **_) -> list[Path]:
+    """Fig. 3 (a)-(d): ||theta_t - theta*|| vs round, full batch and B = 20, 50, 100 (the runs of Fig. 2)."""
+    return minibatch_figure(out, "fig3", ROUND_METRICS[1])
 
 
 def general(out: Path, **_) -> list[Path]:
@@ -164,6 +216,26 @@ def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trial
     return pd.DataFrame(rows)
 
 
+def fg_crossing(x: np.ndarray, fg: np.ndarray) -> float:
+    """Where a decreasing mean-FG curve first falls below the break-even FG = 1 (§6.15): linear
+    interpolation between the two grid points around it; nan if it never does."""
+    below = np.flatnonzero(fg < 1.0)
+    if len(below) == 0:
+        return float("nan")
+    i = below[0]
+    if i == 0:
+        return float(x[0])
+    return float(x[i - 1] + (x[i] - x[i - 1]) * (fg[i - 1] - 1.0) / (fg[i - 1] - fg[i]))
+
+
+def fig4_crossings(table: pd.DataFrame) -> pd.DataFrame:
+    """Gamma at FG = 1 of each client kind (rows) and algorithm (columns), from the trial means."""
+    mean = table.groupby(["client", "algorithm", "gamma"], sort=False)["fg"].mean()
+    return pd.DataFrame({client: {alg: fg_crossing(np.array(v.index.get_level_values("gamma")), v.to_numpy())
+                                  for alg, v in mean.loc[client].groupby(level="algorithm", sort=False)}
+                         for client in ("scarce", "rich")}).T
+
+
 def fig5_table(config: Path = CONFIGS / "kernel_fig5.yaml", ranks=RANKS, trials: int = 20) -> pd.DataFrame:
     """FG vs the covariate-subspace rank r (§5.4), step proportional to r (Cor. 2): the config's eta at its rank."""
     cfg = load_config(config)
@@ -214,14 +286,17 @@ def fig4(out: Path, trials: int = 20) -> list[Path]:
     table = fig4_table(trials=trials)
     table.to_parquet(out / "fig4.parquet")
     print(table.groupby(["client", "gamma", "algorithm"], sort=False)["fg"].mean().unstack().to_string())
-    return [plot_gain(table, "gamma", "model heterogeneity Γ", out / "kernel_fig4.png", "Fig. 4: FG vs Γ")]
+    print("Gamma at FG = 1 (linear interpolation):\n" + fig4_crossings(table).to_string())
+    return [plot_gain(table, "gamma", "model heterogeneity Γ", out / "kernel_fig4.png",
+                      f"Fig. 4: FG vs Γ (mean ± s.e., {trials} trials)")]
 
 
 def fig5(out: Path, trials: int = 20) -> list[Path]:
     table = fig5_table(trials=trials)
     table.to_parquet(out / "fig5.parquet")
     print(table.groupby(["client", "rank", "algorithm"], sort=False)["fg"].mean().unstack().to_string())
-    return [plot_gain(table, "rank", "covariate subspace rank r", out / "kernel_fig5.png", "Fig. 5: FG vs r")]
+    return [plot_gain(table, "rank", "covariate subspace rank r", out / "kernel_fig5.png",
+                      f"Fig. 5: FG vs r (mean ± s.e., {trials} trials)")]
 
 
 def fig6(out: Path, trials: int = 500) -> list[Path]:
@@ -231,7 +306,7 @@ def fig6(out: Path, trials: int = 500) -> list[Path]:
     return [plot_inverse_mse(table, out / "kernel_fig6.png", "Fig. 6: polynomial regression")]
 
 
-FIGURES = {"fig1": fig1, "fig2": fig2, "fig4": fig4, "fig5": fig5, "fig6": fig6, "general": general}
+FIGURES = {"fig1": fig1, "fig2": fig2, "fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6, "general": general}
 
 
 def main() -> None:

@@ -38,8 +38,10 @@ def atomic_write_bytes(path: Path, write) -> None:
 
 
 def write_parquet(rows: list[dict], path: Path) -> None:
-    """Rows as a Parquet table, atomically: a crash never leaves a half-written file."""
-    table = pa.Table.from_pylist(rows) if rows else pa.table({})
+    """Rows as a Parquet table, atomically: a crash never leaves a half-written file. The columns are
+    every key of any row (null where a row lacks it, e.g. metrics of rounds between evaluations)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    table = pa.table({k: [r.get(k) for r in rows] for k in keys})
     atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures: one local Ray for the whole session, started by the tests themselves."""
+import numpy as np
 import pytest
 import ray
 import torch
@@ -20,3 +21,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def sec51_problem():
+    """The kernel spec's §5.1 seed-0 set-up: default_rng(0) draws theta* [d], then the X_i [n, d], then the
+    noise (sigma 0.5); M=25 clients, n_i=500, d=100, eta=0.1. Returns (theta_star, X, ys, eta)."""
+    rng = np.random.default_rng(0)
+    M, d, n = 25, 100, 500
+    theta_star = rng.normal(size=d)
+    X = [rng.normal(size=(n, d)) for _ in range(M)]
+    ys = [x @ theta_star + 0.5 * rng.normal(size=n) for x in X]
+    return theta_star, X, ys, 0.1

@@ -45,6 +45,24 @@ def plot_series(series: dict[str, pd.DataFrame], metrics, path: Path, title: str
     return path
 
 
+def plot_panels(panels: dict[str, dict[str, pd.DataFrame]], metric: tuple[str, str], path: Path, title: str) -> Path:
+    """One log-scale panel per entry of `panels` ({panel title: {label: rounds table}}), all showing `metric`."""
+    column, label = metric
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), sharey=True, squeeze=False)
+    for ax, (panel, series) in zip(axes[0], panels.items()):
+        for name, rounds in series.items():
+            ax.plot(_round_axis(rounds, column), rounds[column], label=name)
+        ax.set_yscale("log")
+        ax.set_xlabel("communication round")
+        ax.set_title(panel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(label)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    save_figure(fig, path, dpi=90)
+    return path
+
+
 @register_report("kernel")
 def kernel_rounds(result: RunResult) -> list[Path]:
     """A kernel run: gradient norm, errors against f*, and FG_j per round (where reported)."""
@@ -58,14 +76,17 @@ def kernel_rounds(result: RunResult) -> list[Path]:
 
 
 def plot_gain(table: pd.DataFrame, x: str, xlabel: str, path: Path, title: str) -> Path:
-    """FG of the data-scarce and the data-rich client vs `x`, one line per algorithm (table columns:
-    x, algorithm, client in {scarce, rich}, fg), with the break-even line FG = 1."""
+    """Mean FG over trials of the data-scarce and the data-rich client vs `x`, one line per algorithm with a
+    band of +-1 standard error (table columns: x, algorithm, client in {scarce, rich}, fg, one row per
+    trial), and the break-even line FG = 1."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, client in zip(axes, ("scarce", "rich")):
         part = table[table["client"] == client]
         for algorithm, rows in part.groupby("algorithm", sort=False):
-            rows = rows.groupby(x, as_index=False)["fg"].mean()
-            ax.plot(rows[x], rows["fg"], marker=".", label=algorithm)
+            rows = rows.groupby(x)["fg"].agg(["mean", "sem"]).fillna(0.0)
+            line, = ax.plot(rows.index, rows["mean"], marker=".", label=algorithm)
+            ax.fill_between(rows.index, rows["mean"] - rows["sem"], rows["mean"] + rows["sem"],
+                            color=line.get_color(), alpha=0.12, lw=0)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)

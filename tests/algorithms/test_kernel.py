@@ -408,19 +408,15 @@ def test_cost_and_evaluate():
 
 
 # ------------------------------------------------------------------ §5.1 / §6.13: Fig. 1 numbers
-def test_fig1_gradient_plateaus_and_errors():
+def test_fig1_gradient_plateaus_and_errors(sec51_problem):
     """M=25, d=100, n_i=500, sigma=0.5, eta=0.1: plateaus 1.6e-2 / 7.8e-3 / 3.5e-3 / 0 (Sec. 6.1 gradient,
     ±15%), final errors within 3% of pooled OLS; the s=10 run reaches its plateau through the contract."""
     with threadpool_limits(1):  # small BLAS calls: threads only oversubscribe
-        _fig1()
+        _fig1(*sec51_problem)
 
 
-def _fig1():
-    rng = np.random.default_rng(0)
-    M, d, n, eta = 25, 100, 500, 0.1
-    theta_star = rng.normal(size=d)
-    X = [rng.normal(size=(n, d)) for _ in range(M)]
-    ys = [x @ theta_star + 0.5 * rng.normal(size=n) for x in X]
+def _fig1(theta_star, X, ys, eta):
+    M, (n, d) = len(X), X[0].shape
     S, b = zip(*[feature_stats(x, y) for x, y in zip(X, ys)])
     w = np.full(M, 1 / M)
     ols = np.linalg.lstsq(np.concatenate(X), np.concatenate(ys), rcond=None)[0]
