@@ -28,8 +28,8 @@ def gamma_quantile(shape: np.ndarray, u: np.ndarray) -> np.ndarray:
     target = torch.where(upper, 1 - p, p)
     z = torch.special.ndtri(p)
     start = a * (1 - 1 / (9 * a) + z * torch.sqrt(1 / (9 * a))) ** 3
-    tiny = torch.exp((torch.log(p) + torch.lgamma(a + 1)) / a)  # P(a, x) ~ x^a / Gamma(a + 1) as x -> 0
-    y = torch.log(torch.where(start > 0, start, tiny))
+    below = torch.exp((torch.log(p) + torch.lgamma(a + 1)) / a)  # P(a, x) <= x^a / Gamma(a + 1): x >= this
+    y = torch.log(torch.maximum(start, below))
     lgam, log_target = torch.lgamma(a), torch.log(target)
     sign = torch.where(upper, -1.0, 1.0).to(a.dtype)
     for _ in range(NEWTON_STEPS):
