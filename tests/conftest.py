@@ -4,6 +4,10 @@ import pytest
 import ray
 import torch
 
+from raysim.contract import ClientData, Context
+from raysim.models import ModelConfig
+from raysim.rng import SERVER, stream
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():
@@ -33,3 +37,46 @@ def sec51_problem():
     X = [rng.normal(size=(n, d)) for _ in range(M)]
     ys = [x @ theta_star + 0.5 * rng.normal(size=n) for x in X]
     return theta_star, X, ys, 0.1
+
+
+def zo_algorithm(cls, num_clients=5, seed=0, per_round=None, **params):
+    """A zeroth-order algorithm of `cls` for `num_clients` black-box clients (no data: the objective is synthetic)."""
+    ctx = Context(seed=seed, rounds=1, clients_per_round=per_round or num_clients, num_clients=num_clients,
+                  client_sizes=np.ones(num_clients), feature_shape=(1,), image_shape=None, num_classes=1,
+                  model=ModelConfig(), params=cls.Params(**params))
+    return cls(ctx)
+
+
+def zo_round(algo, state, cstates, t):
+    """One raysim round (one phase) in process: (new state, the clients' costs, the phase, the server's cost)."""
+    plan = algo.plan(state, t, stream(algo.ctx.seed, t, SERVER, "plan"))
+    replies, costs = [], []
+    for c in plan.clients.tolist():
+        reply, cstates[c], cost = algo.step(cstates[c], ClientData(c, None, None), plan.broadcast,
+                                            stream(algo.ctx.seed, t, c, "step"))
+        replies.append(reply)
+        costs.append(cost)
+    state, server_cost = algo.aggregate(state, replies, None)
+    return state, costs, plan.phase, server_cost
+
+
+def zo_drive(algo, rounds):
+    """Run `rounds` raysim rounds (phases) as the server would: [(state, phase, costs, server cost)] per round."""
+    cstates = {c: algo.client_init(c) for c in range(algo.ctx.num_clients)}
+    state, history = algo.init(), []
+    for t in range(1, rounds + 1):
+        state, costs, phase, server_cost = zo_round(algo, state, cstates, t)
+        history.append((state, phase, costs, server_cost))
+    return history
+
+
+@pytest.fixture
+def driver():
+    """(make, drive) of the zeroth-order tests: build a ZO algorithm without Ray and drive its rounds in process."""
+    return zo_algorithm, zo_drive
+
+
+@pytest.fixture
+def one_round():
+    """`zo_round`: one in-process round of a ZO algorithm."""
+    return zo_round

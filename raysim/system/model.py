@@ -57,12 +57,13 @@ class SystemModel:
     def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: list[Cost]) -> np.ndarray:
         """The clients' compute times b*shift + Erlang(b, rate) over their speed factors (§2.1).
 
-        Client c's Erlang draw is the quantile of the c-th uniform of the round's stream, so it does not
-        depend on which clients share its actor, and a whole shard costs one vectorized quantile.
+        Client c's Erlang draw is the quantile of the c-th uniform of the round's stream (only the prefix
+        up to the largest id is drawn), so it does not depend on which clients share its actor, and a
+        whole shard costs one vectorized quantile.
         """
         c = self.cfg.compute
-        u = stream(self.seed, round, SERVER, "client_compute").random(self.num_clients)
         idx = np.asarray(clients, dtype=np.int64)
+        u = stream(self.seed, round, SERVER, "client_compute").random(int(idx.max()) + 1 if idx.size else 0)
         calls = np.array([self.calls(k) for k in costs], dtype=float)
         return np.atleast_1d(compute_time(calls, u[idx], c.shift, c.rate, self.speed[idx]))
 

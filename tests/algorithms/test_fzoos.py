@@ -9,42 +9,20 @@ import torch
 
 import raysim
 from raysim.algorithms.fzoos import FZooS, correction_length
-from raysim.contract import ClientData, Context
-from raysim.models import ModelConfig
-from raysim.rng import SERVER, stream
 from raysim.zo import gp, rff
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def make(num_clients=5, seed=0, **params):
-    ctx = Context(seed=seed, rounds=1, clients_per_round=num_clients, num_clients=num_clients,
-                  client_sizes=np.ones(num_clients), feature_shape=(1,), image_shape=None, num_classes=1,
-                  model=ModelConfig(), params=FZooS.Params(**params))
-    return FZooS(ctx)
-
-
-def one_round(algo, state, cstates, t):
-    """One raysim round (one phase) in process; returns the new state and the clients' costs."""
-    plan = algo.plan(state, t, stream(algo.ctx.seed, t, SERVER, "plan"))
-    replies, costs = [], []
-    for c in plan.clients.tolist():
-        reply, cstates[c], cost = algo.step(cstates[c], ClientData(c, None, None), plan.broadcast,
-                                            stream(algo.ctx.seed, t, c, "step"))
-        replies.append(reply)
-        costs.append(cost)
-    return algo.aggregate(state, replies, None)[0], costs, plan.phase
-
-
-def test_queries_and_uploads_per_client_and_round_are_exact():
+def test_queries_and_uploads_per_client_and_round_are_exact(driver, one_round):
     """U11/U12: 10 initial + 56 local + 51 end-of-round = 107 per round at T = 10; uploads d then M floats."""
     d, m = 20, 300
-    algo = make(objective={"dim": d}, num_features=m)
+    algo = driver[0](FZooS, objective={"dim": d}, num_features=m)
     state, cstates = algo.init(), {c: algo.client_init(c) for c in range(5)}
     expected = [("local", 10 + 56), ("surrogate", 51), ("local", 56), ("surrogate", 51)]
     for t, (phase, calls) in enumerate(expected, 1):
-        state, costs, got = one_round(algo, state, cstates, t)
+        state, costs, got, _ = one_round(algo, state, cstates, t)
         assert got == phase
         assert [c.oracle_calls for c in costs] == [calls] * 5
         floats = d if phase == "local" else m
@@ -62,24 +40,24 @@ def test_correction_length_schedules():
     assert [correction_length("floored", t, 1.0, 0.3) for t in (1, 2, 5)] == [1.0, 0.5, 0.3]
 
 
-def test_no_correction_in_round_one_then_the_surrogates_change_the_steps():
+def test_no_correction_in_round_one_then_the_surrogates_change_the_steps(driver, one_round):
     """Round 1 has no w_0: its iterate does not depend on M; round 2's does."""
     xs = {}
     for m in (50, 400):
-        algo = make(num_clients=3, objective={"dim": 8}, num_features=m, local_steps=3)
+        algo = driver[0](FZooS, num_clients=3, objective={"dim": 8}, num_features=m, local_steps=3)
         state, cstates = algo.init(), {c: algo.client_init(c) for c in range(3)}
         rounds = []
         for t in range(1, 4):
-            state, _, _ = one_round(algo, state, cstates, t)
+            state, _, _, _ = one_round(algo, state, cstates, t)
             rounds.append(state.x.clone())
         xs[m] = rounds
     assert torch.equal(xs[50][0], xs[400][0])
     assert not torch.equal(xs[50][2], xs[400][2])
 
 
-def test_active_queries_are_the_candidates_of_largest_gradient_trace():
+def test_active_queries_are_the_candidates_of_largest_gradient_trace(driver):
     """§2.4/U5: the queried points are the top-k candidates by tr Sigma_grad (not the spectral norm)."""
-    algo = make(num_clients=1, objective={"dim": 30})
+    algo = driver[0](FZooS, num_clients=1, objective={"dim": 30})
     state = algo.client_init(0)
     x = algo.objective.x0
     X = x + 0.02 * (2 * torch.rand(40, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) - 1)
