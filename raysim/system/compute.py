@@ -2,47 +2,27 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
+from scipy.special import gammaincinv
 
 from raysim.rng import SERVER, SETUP, stream
 
 
-NEWTON_STEPS = 100  # cap; from its start it converges in 3-4 steps
-
-
 def gamma_quantile(shape: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """The Gamma(shape, 1) quantile: x with P(shape, x) = u (regularized lower incomplete gamma), 0 where shape is 0.
+    """The Gamma(shape, 1) quantile: x with P(shape, x) = u, elementwise; 0 where shape or u is 0.
 
-    Newton's method on the log of the nearer tail (P = u, or Q = 1 - u where u > 1/2) in log x,
-    float64, from the larger of the Wilson-Hilferty start and a lower bound, so neither tail loses precision. It turns one uniform
-    per client into that client's Erlang time, so a whole round's clients are sampled from one
-    vector of uniforms (numpy has no inverse; scipy.special would cost every actor a second to import).
+    It turns one uniform per client into that client's Erlang time, so a round's clients are
+    sampled from one vector of uniforms. scipy's `gammaincinv` is a scalar ufunc: each element's
+    value depends on its own (shape, u) alone, never on its neighbours or the batch, which keeps
+    a client's time independent of how clients are packed into actors.
     """
-    a = torch.as_tensor(np.asarray(shape, dtype=np.float64))
-    p = torch.as_tensor(np.asarray(u, dtype=np.float64))
-    a, p = torch.broadcast_tensors(a, p)
-    out = torch.zeros_like(a)
-    live = (a > 0) & (p > 0)
-    a, p = a[live], p[live]
-    upper = p > 0.5
-    target = torch.where(upper, 1 - p, p)
-    z = torch.special.ndtri(p)
-    start = a * (1 - 1 / (9 * a) + z * torch.sqrt(1 / (9 * a))) ** 3
-    below = torch.exp((torch.log(p) + torch.lgamma(a + 1)) / a)  # P(a, x) <= x^a / Gamma(a + 1): x >= this
-    y = torch.log(torch.maximum(start, below))
-    lgam, log_target = torch.lgamma(a), torch.log(target)
-    sign = torch.where(upper, -1.0, 1.0).to(a.dtype)
-    for _ in range(NEWTON_STEPS):
-        x = torch.exp(y)
-        tail = torch.where(upper, torch.special.gammaincc(a, x), torch.special.gammainc(a, x))
-        slope = sign * torch.exp(a * y - x - lgam) / tail  # d log(tail) / d log x; dP/dlog x = x^a e^-x / Gamma(a)
-        step = (torch.log(tail) - log_target) / slope
-        step = torch.where(torch.isfinite(step), step.clamp(-1.0, 1.0), -sign)  # an underflowed tail: x too far out
-        y -= step
-        if not bool((step.abs() > 1e-14 * torch.clamp(y.abs(), min=1.0)).any()):
-            break
-    out[live] = torch.exp(y)
-    return out.numpy()
+    a = np.asarray(shape, dtype=np.float64)
+    p = np.asarray(u, dtype=np.float64)
+    if not (np.all(np.isfinite(a)) and np.all(a >= 0)):
+        raise ValueError(f"Gamma shapes must be finite and >= 0, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
+    if not np.all((p >= 0) & (p < 1)):
+        raise ValueError(f"uniforms must lie in [0, 1), got {p[~((p >= 0) & (p < 1))][:3]}")
+    a, p = np.broadcast_arrays(a, p)
+    return np.where(a > 0, gammaincinv(np.where(a > 0, a, 1.0), p), 0.0)
 
 
 def compute_time(
