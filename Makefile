@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(VENV)/bin/raysim run configs/quickstart.yaml --out runs/quickstart
+	$(VENV)/bin/raysim run configs/fedavg/quickstart.yaml --out runs/quickstart
 	$(VENV)/bin/raysim report runs/quickstart
 
 test: setup

@@ -13,11 +13,9 @@ import ray
 import torch
 
 from raysim import checkpoint
-from raysim.config import load_config
 from raysim.contract import ClientData
 from raysim.data import FederatedData, read_clients
-from raysim.experiment import make_algorithm
-from raysim.registry import adopt
+from raysim.experiment import Experiment
 from raysim.models import DTYPES
 from raysim.rng import SERVER, stream
 from raysim.system import SystemModel
@@ -41,17 +39,16 @@ class ShardResult:
 class ClientShard:
     """The actor's logic without Ray, so the same code runs in-process in tests."""
 
-    def __init__(self, config: dict, data: dict, clients: list[int], torch_threads: int = 1,
-                 cuda_memory_fraction: float | None = None, algorithm_cls: type | None = None, shard: int = 0):
+    def __init__(self, experiment: Experiment, data: dict, clients: list[int], torch_threads: int = 1,
+                 cuda_memory_fraction: float | None = None, shard: int = 0):
         torch.set_num_threads(torch_threads)
         device = "cpu"
         if cuda_memory_fraction is not None and torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
             device = "cuda"
-        adopt(algorithm_cls)
-        self.cfg = load_config(config)
+        self.cfg = experiment.install().cfg
         self.fed = FederatedData.from_dict(data)
-        self.algo = make_algorithm(self.cfg, self.fed, device)
+        self.algo = experiment.algorithm_for(self.fed, device)
         dtype = DTYPES[self.cfg.model.dtype]
         self.data = {
             c: ClientData(c, torch.tensor(x, dtype=dtype, device=device), torch.tensor(y, device=device))

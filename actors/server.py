@@ -13,11 +13,9 @@ import torch
 from raysim.actors.client import ClientActor, ShardResult
 from raysim import checkpoint
 from raysim.actors.placement import client_resources, client_scheduling
-from raysim.config import load_config
 from raysim.contract import EvalData
 from raysim.data import FederatedData, read_table_arrays
-from raysim.experiment import make_algorithm
-from raysim.registry import adopt
+from raysim.experiment import Experiment
 from raysim.models import DTYPES
 from raysim.rng import SERVER, SETUP, stream
 from raysim.system import Ledger, SystemModel
@@ -39,14 +37,12 @@ def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: 
 class Server:
     """The server's round logic; `ServerActor` runs it in its own process."""
 
-    def __init__(self, config: dict, data: dict, algorithm_cls: type | None = None, run_dir: str | None = None):
+    def __init__(self, experiment: Experiment, data: dict, run_dir: str | None = None):
         torch.set_num_threads(1)
-        self.config_tree = config
-        adopt(algorithm_cls)
-        self.cfg = load_config(config)
+        self.experiment = experiment.install()
+        self.cfg = experiment.cfg
         self.fed = FederatedData.from_dict(data)
-        self.algorithm_cls = algorithm_cls
-        self.algo = make_algorithm(self.cfg, self.fed, "cpu")
+        self.algo = experiment.algorithm_for(self.fed, "cpu")
         self.state = self.algo.init()
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
         self.ledger = Ledger()
@@ -75,8 +71,7 @@ class Server:
             clients = list(range(i * self.per_actor, min(n, (i + 1) * self.per_actor)))
             actor = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,
                                         scheduling_strategy=client_scheduling()).remote(
-                self.config_tree, self.fed.to_dict(), clients, r.torch_threads, r.cuda_memory_fraction,
-                self.algorithm_cls, i)
+                self.experiment, self.fed.to_dict(), clients, r.torch_threads, r.cuda_memory_fraction, i)
             self.actors.append(actor)
         bad = sorted(a for _, a in self.faults if a >= n_actors)
         if bad:

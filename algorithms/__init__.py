@@ -1,2 +1,4 @@
-"""Built-in algorithm families; importing this package registers them."""
-from raysim.algorithms import fedavg, fedfisher, fedlrgd, fedzo, fzoos, kernel, oneshot, sketching  # noqa: F401
+"""The built-in paper families, one plugin package each (entry points `raysim.plugins`).
+
+The runtime never imports them by name: `raysim.plugins.load_builtin` does, on the first lookup.
+"""

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from raysim.algorithms.fedavg import ServerState, batch_plan
+from raysim.training import ServerState, batch_plan
 from raysim.config import ExperimentConfig, load_config
 from raysim.contract import EvalData
 from raysim.data import build_federated, read_clients, read_table_arrays

@@ -1,7 +1,7 @@
 """raysim: a Ray-based simulation cluster for federated optimization research."""
 from raysim.config import ConfigError, ExperimentConfig, load_config
 from raysim.contract import Algorithm, ClientData, Context, Cost, EvalData, Plan
-from raysim.registry import register_algorithm
+from raysim.plugins import register_algorithm
 from raysim.results import RunResult
 
 __all__ = ["Algorithm", "ClientData", "ConfigError", "Context", "Cost", "EvalData", "ExperimentConfig", "Plan",

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="raysim: federated optimization on Ray.")
-console = Console()
+console = Console(soft_wrap=True)  # one error, one line: never wrapped at the terminal width
 
 
 @app.command()
@@ -20,6 +20,7 @@ def run(
     out: Optional[Path] = typer.Option(None, help="write results exactly here instead of runs/<name>-<time>"),
     resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory from its last checkpoint"),
     quiet: bool = typer.Option(False, help="no progress bar"),
+    plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
     """Run an experiment and write its results (or --resume an interrupted one)."""
     from raysim.config import ConfigError
@@ -28,6 +29,9 @@ def run(
     if (config is None) == (resume is None):
         console.print("[red]give either CONFIG or --resume RUN_DIR[/red]")
         raise typer.Exit(2)
+    _load(plugin)
+    if config is not None:
+        _require_command(config, "run", "sweep")
     try:
         result = run_experiment(config, overrides or [], address=address, out=out, progress=not quiet, resume=resume)
     except ConfigError as e:
@@ -58,11 +62,14 @@ def sweep(
     address: Optional[str] = typer.Option(None, help="Ray address (e.g. auto); default starts a local Ray"),
     out: Optional[Path] = typer.Option(None, help="write the sweep exactly here instead of <storage_path>/<name>-<time>"),
     quiet: bool = typer.Option(False, help="no Tune progress output"),
+    plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
     """Run a Ray Tune search over the sweep: section; one simulation per trial."""
     from raysim.config import ConfigError
     from raysim.sweep import run_sweep, summary_table
 
+    _load(plugin)
+    _require_command(config, "sweep", "run")
     try:
         result = run_sweep(config, overrides or [], address=address, out=out, verbose=0 if quiet else 1)
     except ConfigError as e:
@@ -74,109 +81,79 @@ def sweep(
         raise typer.Exit(1)
 
 
-@app.command()
-def oneshot(
-    config: Path = typer.Argument(..., help="experiment YAML file of a one-shot family"),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.sub=value overrides"),
-    methods: str = typer.Option("fedavg,fisher_merge,regmean,fedfisher_diag,fedfisher_kfac,otfusion",
-                                help="comma-separated one-shot methods"),
-    seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
-    out: Path = typer.Option(Path("runs/oneshot"), help="folder for the runs and oneshot.{parquet,md,png}"),
-    address: Optional[str] = typer.Option(None, help="Ray address; default starts a local Ray"),
-) -> None:
-    """Run several one-shot methods (FedFisher and baselines) over seeds; write an accuracy table and plot."""
-    from raysim.config import ConfigError
-    from raysim.oneshot import compare
-
-    try:
-        compare(config, methods.split(","), [int(s) for s in seeds.split(",")], out, overrides or [], address)
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
-    console.print((out / "oneshot.md").read_text())
-    console.print(f"results: {out}")
-
-
-@app.command()
-def compare(
-    configs: List[Path] = typer.Argument(..., help="experiment YAML files on one problem (FedAvg ones are swept over b)"),
-    epsilon: float = typer.Option(1e-3, help="target accuracy: F(θ) − F* ≤ epsilon"),
-    b: str = typer.Option("1,5,10,20,50", help="local steps b for the FedAvg family, comma-separated"),
-    out: Path = typer.Option(Path("runs/compare"), help="folder for the runs and compare.parquet / compare.md"),
-    override: Optional[List[str]] = typer.Option(None, help="key.sub=value applied to every config"),
-) -> None:
-    """Run algorithms to accuracy epsilon; table of Γ, simulated time and rounds (specs/fedlrgd.md §7.15)."""
-    from raysim.compare import compare as run_compare
-    from raysim.config import ConfigError
-
-    try:
-        table = run_compare(configs, epsilon, out, tuple(int(v) for v in b.split(",")), override or [])
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
-    view = Table(*["config", "algorithm", "b", "reached", "rounds", "gamma", "sim_time", "final_suboptimality"])
-    for r in table.itertuples():
-        view.add_row(r.config, r.algorithm, "" if r.b < 0 else str(r.b), str(r.reached), f"{r.rounds:g}",
-                     f"{r.gamma:.0f}", f"{r.sim_time:.0f}", f"{r.final_suboptimality:.2e}")
-    console.print(view)
-    console.print(f"table: {out / 'compare.md'}")
-
-
-@app.command()
-def rank(
-    config: Path = typer.Argument(..., help="experiment YAML training the network (e.g. configs/fedlrgd_rank_digits.yaml)"),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.sub=value overrides"),
-    k: int = typer.Option(30, help="samples and perturbed parameters: k x k matrices"),
-    out: Path = typer.Option(Path("runs/rank"), help="the run directory"),
-) -> None:
-    """Train through raysim, then measure the approximate rank of per-sample gradients (App. C)."""
-    from raysim.config import ConfigError
-    from raysim.rank import rank_run
-
-    try:
-        s = rank_run(config, out, k, overrides or [])
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
-    console.print(f"{s.coordinates} coordinates, k={s.k}: rank <= 5 {s.share_le_5:.1%}, rank <= 10 "
-                  f"{s.share_le_10:.1%}, median {s.median:g}, max {s.max}")
-    console.print(f"results: {out}/rank.parquet (raysim report {out} draws the histogram)")
-
-
-@app.command()
-def attack(
-    config: Path = typer.Argument(..., help="attack YAML file (configs/sketch_attack.yaml)"),
-    out: Path = typer.Option(Path("runs/sketch_attack"), help="folder for attack.parquet and attack.png"),
-) -> None:
-    """Gradient-leakage attack on sketched uploads: success vs sketch size b and vs DP ε̂ (specs/sketching.md §4)."""
-    from pydantic import ValidationError
-
-    from raysim.attack import load_attack_config, run_attack
-
-    try:
-        cfg = load_attack_config(config)
-    except (ValidationError, OSError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
-    for path in run_attack(cfg, out):
-        console.print(str(path))
-
-
 @app.command("list")
-def list_() -> None:
-    """Show the algorithms, models, data sources and partitioners."""
-    from raysim.data.partition import PARTITIONERS
-    from raysim.data.sources import SOURCES
-    from raysim.models import MODELS
-    from raysim.registry import algorithms
+def list_(plugin: Optional[List[str]] = typer.Option(None, help="also load this plugin (module or .py file)")) -> None:
+    """Show the algorithms, models, data sources, partitioners and commands, built-in and from plugins."""
+    from raysim import plugins
+    from raysim.data.partition import NATURAL
 
+    _load(plugin)
     table = Table("kind", "available")
-    table.add_row("algorithms", ", ".join(sorted(algorithms())))
-    table.add_row("models", ", ".join(sorted(MODELS)))
-    table.add_row("data sources", ", ".join(sorted(SOURCES)))
-    table.add_row("partitioners", ", ".join(sorted(PARTITIONERS)))
+    table.add_row("algorithms", ", ".join(plugins.ALGORITHMS.names()))
+    table.add_row("models", ", ".join(plugins.MODELS.names()))
+    table.add_row("data sources", ", ".join(plugins.SOURCES.names()))
+    table.add_row("partitioners", ", ".join(plugins.PARTITIONERS.names(NATURAL)))
+    table.add_row("commands", ", ".join(sorted(c.name for c in typer.main.get_command(app).commands.values())))
     console.print(table)
 
 
-if __name__ == "__main__":
+def _load(specs: list[str] | None) -> None:
+    """Import `--plugin` modules or files; a bad one is one line and exit status 2."""
+    from raysim.plugins import PluginError, load_plugin
+
+    for spec in specs or []:
+        try:
+            load_plugin(spec)
+        except PluginError as e:
+            console.print(f"[red]--plugin: {e}[/red]")
+            raise typer.Exit(2)
+
+
+def _require_command(config: Path, *accepted: str) -> None:
+    """A config file declares the command that runs it (`command:`, default run); another command
+    answers in one line with the one to use."""
+    from raysim.config import declared_command
+
+    declared = declared_command(config)
+    if declared is not None and declared not in accepted:
+        console.print(f"[red]{config} is for `raysim {declared}`: run `raysim {declared} {config}`[/red]")
+        raise typer.Exit(2)
+
+
+def _argv_plugins(argv: list[str]) -> list[str]:
+    """The `--plugin X` / `--plugin=X` values of a command line, loaded before parsing so a plugin's commands exist."""
+    found = [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
+    found += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
+    return found
+
+
+def add_plugin_commands(argv: list[str] | None = None) -> typer.Typer:
+    """Add every plugin's commands (built-in families, installed plugins, `--plugin` files) to the app."""
+    import importlib
+
+    from raysim import plugins
+
+    plugins.load_builtin()
+    _load(_argv_plugins(argv or []))
+    for module in list(plugins.COMMAND_MODULES):
+        importlib.import_module(module)
+    known = {c.name or c.callback.__name__ for c in app.registered_commands}
+    for name, fn in plugins.COMMANDS.items():
+        if name not in known:
+            app.command(name)(fn)
+    return app
+
+
+def main() -> None:
+    """The `raysim` console script."""
+    import sys
+
+    try:
+        add_plugin_commands(sys.argv[1:])
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
     app()
+
+
+if __name__ == "__main__":
+    main()

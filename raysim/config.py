@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysim.data.config import DataConfig
 from raysim.models import ModelConfig
-from raysim.registry import get_algorithm
-from raysim.sweep import SweepConfig
+from raysim.plugins import ALGORITHMS, PluginError, load_plugin
+from raysim.sweep_config import SweepConfig
 from raysim.system.config import SystemConfig
 
 
@@ -93,10 +93,12 @@ class ExperimentConfig(BaseModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
     sweep: SweepConfig | None = Field(None, description="read by `raysim sweep` only")
+    plugins: list[str] = Field(default_factory=list, description="modules or .py files to import first (your own algorithms, data, models)")
+    command: str = Field("run", description="the raysim command this file is for (run, sweep, or a family's command)")
 
     def algorithm_params(self) -> BaseModel:
         """The algorithm's hyperparameters, validated by its registered `Params` class."""
-        return get_algorithm(self.algorithm.name).Params(**self.algorithm.hyperparameters())
+        return ALGORITHMS.lookup(self.algorithm.name).Params(**self.algorithm.hyperparameters())
 
     def clients_to_select(self) -> int:
         """Clients the server selects a round: clients_per_round plus over-selected stragglers."""
@@ -131,11 +133,11 @@ def _algorithm_problems(section: Any) -> list[str]:
         return []
     try:
         algo = AlgorithmConfig.model_validate(section)
-        get_algorithm(algo.name).Params(**algo.hyperparameters())
+        ALGORITHMS.lookup(algo.name).Params(**algo.hyperparameters())
     except ValidationError as e:
         return _format(e, "algorithm")
     except ValueError as e:
-        return [str(e)]
+        return [f"algorithm.name: {e}"]
     return []
 
 
@@ -197,7 +199,11 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
         tree = yaml.safe_load(path.read_text()) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        if isinstance(tree.get("plugins"), list):  # a plugin file next to the config is found from anywhere
+            tree["plugins"] = [str(path.parent / s) if isinstance(s, str) and s.endswith(".py") and (path.parent / s).is_file()
+                               else s for s in tree["plugins"]]
     tree = apply_overrides(tree, overrides or [])
+    load_plugins(tree.get("plugins"))
     try:
         cfg = ExperimentConfig.model_validate(tree)
     except ValidationError as e:
@@ -208,6 +214,29 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
     if problems:
         raise ConfigError("invalid experiment config:\n  " + "\n  ".join(problems))
     return cfg
+
+
+def declared_command(path: str | Path) -> str | None:
+    """The `command:` a YAML file declares (None when it declares none or cannot be read as a mapping)."""
+    try:
+        tree = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    command = tree.get("command") if isinstance(tree, dict) else None
+    return command if isinstance(command, str) else None
+
+
+def load_plugins(specs: Any) -> None:
+    """Import the config's `plugins:` (module names or .py files) so their names validate."""
+    if specs is None:
+        return
+    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+        raise ConfigError(f"plugins: expected a list of module names or .py files, got {specs!r}")
+    for spec in specs:
+        try:
+            load_plugin(spec)
+        except PluginError as e:
+            raise ConfigError(f"plugins: {e}") from None
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

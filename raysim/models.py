@@ -14,12 +14,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from raysim.registry import check_registered
+from raysim.plugins import MODELS
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-MODELS: dict[str, Callable[["ModelConfig", tuple, tuple | None, int], nn.Module]] = {}
 
 
 def register_model(name: str):
@@ -46,7 +43,7 @@ class ModelConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        return check_registered("model", name, MODELS)
+        return MODELS.check(name)
 
 
 @register_model("logreg")
@@ -83,7 +80,7 @@ def _cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_
 
 def build_model(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
     """Instantiate the configured architecture in the configured dtype."""
-    return MODELS[cfg.name](cfg, tuple(feature_shape), image_shape, num_classes).to(DTYPES[cfg.dtype])
+    return MODELS.lookup(cfg.name)(cfg, tuple(feature_shape), image_shape, num_classes).to(DTYPES[cfg.dtype])
 
 
 @dataclass(frozen=True)
@@ -135,6 +132,3 @@ def placed_model(ctx) -> tuple[nn.Module, "ParamSpec", torch.dtype, torch.device
     module = build_model(ctx.model, ctx.feature_shape, ctx.image_shape, ctx.num_classes)
     device = torch.device(ctx.device)
     return module.to(device), ParamSpec.of(module), DTYPES[ctx.model.dtype], device
-
-from raysim import cnn_models  # noqa: E402,F401  (registers the FedFisher paper models: lenet, paper_cnn)
-from raysim import paper_nets  # noqa: E402,F401  (registers the FedLRGD paper models: linear, sigmoid_mlp, sigmoid_cnn)

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from raysim import plugins  # noqa: E402
 from raysim.results import RunResult  # noqa: E402
 
 METRICS = ("test_accuracy", "test_loss", "train_loss")
@@ -17,8 +18,6 @@ AXES = (("round", "round"), ("sim_time", "simulated time"), ("gamma", "federated
 
 Reporter = Callable[[RunResult], list[Path]]
 REPORTERS: dict[str, Reporter] = {}
-# Modules whose import registers family-specific reporters (each returns [] for runs it does not fit).
-REPORT_MODULES: tuple[str, ...] = ("raysim.plots.kernel", "raysim.plots.fedfisher", "raysim.plots.fedlrgd", "raysim.plots.zo", "raysim.plots.sketching")
 
 
 def save_figure(fig, path: Path, dpi: int = 110) -> Path:
@@ -82,7 +81,8 @@ def report(run_dir: str | Path) -> list[Path]:
     written = plot_metrics(result)
     timeline = plot_timeline(result)
     written += [timeline] if timeline else []
-    for module in REPORT_MODULES:
+    plugins.load_builtin()
+    for module in list(plugins.REPORT_MODULES):
         importlib.import_module(module)
     for reporter in REPORTERS.values():
         written += reporter(result)

@@ -3,7 +3,6 @@ client actors, drive the rounds, write results after every round, and stop clean
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raysim import checkpoint
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
-from raysim.registry import get_algorithm
+from raysim.experiment import Experiment
 from raysim.results import RunResult, RunWriter, new_run_dir, write_text
 
 
@@ -32,16 +31,6 @@ def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     else:
         ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, logging_level="WARNING")
     return True
-
-
-def _shippable(cls: type) -> type | None:
-    """An algorithm defined outside raysim (a notebook, a test, a plugin) travels to actors by value."""
-    if cls.__module__.startswith("raysim."):
-        return None
-    module = sys.modules.get(cls.__module__)
-    if module is not None and cls.__module__ != "__main__":
-        ray.cloudpickle.register_pickle_by_value(module)
-    return cls
 
 
 def _progress(enabled: bool) -> Progress:
@@ -104,8 +93,7 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
         t_ray = time.perf_counter()
         from raysim.actors.server import ServerActor
 
-        tree = cfg.model_dump(mode="json")
-        server = ServerActor.remote(tree, fed.to_dict(), _shippable(get_algorithm(cfg.algorithm.name)), str(run_dir))
+        server = ServerActor.remote(Experiment.of(cfg), fed.to_dict(), str(run_dir))
         layout = ray.get(server.start.remote())
         if resume is not None:
             ray.get(server.resume.remote())

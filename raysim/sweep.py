@@ -1,8 +1,7 @@
 """Hyperparameter sweeps with Ray Tune: the YAML `sweep:` section, its up-front validation, and
 `run_sweep`, in which every trial is one simulation whose actors sit in the trial's placement group.
 
-raysim.config imports this module for the `sweep:` schema, so the runtime (raysim.config's
-functions, the actors, Ray Tune, which is slow to import) is imported inside the functions.
+The schema lives in raysim.sweep_config; Ray Tune, which is slow to import, is imported inside the functions.
 """
 from __future__ import annotations
 
@@ -11,87 +10,18 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raysim.results import RunResult, new_run_dir, write_parquet, write_text
+from raysim.sweep_config import SweepConfig
 
 if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
 
     from raysim.config import ExperimentConfig
-
-KINDS = ("grid", "choice", "uniform", "loguniform")
-
-
-class Domain(BaseModel):
-    """One dimension of the search space: exactly one of `grid`, `choice`, `uniform`, `loguniform`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    grid: list[Any] | None = Field(None, min_length=1, description="every value, in every combination")
-    choice: list[Any] | None = Field(None, min_length=1, description="one value drawn per sample")
-    uniform: tuple[float, float] | None = Field(None, description="[low, high], drawn uniformly")
-    loguniform: tuple[float, float] | None = Field(None, description="[low, high], low > 0, drawn log-uniformly")
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> "Domain":
-        given = [k for k in KINDS if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of {', '.join(KINDS)} (got {given or 'none'})")
-        bounds = self.uniform or self.loguniform
-        if bounds is not None and not bounds[0] < bounds[1]:
-            raise ValueError(f"{given[0]}: low must be below high (got {list(bounds)})")
-        if self.loguniform is not None and self.loguniform[0] <= 0:
-            raise ValueError(f"loguniform: low must be > 0 (got {self.loguniform[0]})")
-        return self
-
-    def points(self, rng: np.random.Generator) -> list[Any]:
-        """Values to validate before launching: every listed value, or both bounds and one draw."""
-        if self.grid is not None or self.choice is not None:
-            return list(self.grid if self.grid is not None else self.choice)
-        low, high = self.uniform or self.loguniform
-        draw = rng.uniform(low, high) if self.uniform else math.exp(rng.uniform(math.log(low), math.log(high)))
-        return [low, float(draw), high]
-
-    def to_tune(self) -> Any:
-        """The Ray Tune search-space object."""
-        from ray import tune
-
-        if self.grid is not None:
-            return tune.grid_search(self.grid)
-        if self.choice is not None:
-            return tune.choice(self.choice)
-        return tune.uniform(*self.uniform) if self.uniform else tune.loguniform(*self.loguniform)
-
-
-class SchedulerConfig(BaseModel):
-    """`fifo` runs every trial to the end; `asha` stops trials whose metric lags at a rung (Li et al. 2020)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["fifo", "asha"] = "fifo"
-    grace_period: int = Field(1, ge=1, description="rounds before ASHA may stop a trial")
-    reduction_factor: float = Field(2.0, gt=1, description="ASHA keeps the top 1/reduction_factor at each rung")
-
-
-class SweepConfig(BaseModel):
-    """The `sweep:` section, read by `raysim sweep` only (`raysim run` ignores it)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    space: dict[str, Domain] = Field(..., min_length=1, description="dotted config field -> domain")
-    metric: str = "test_accuracy"
-    mode: Literal["min", "max"] = "max"
-    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    num_samples: int = Field(1, ge=1, description="samples of the space (a grid is repeated this many times)")
-    concurrency: int | None = Field(None, ge=1, description="trials at once; default: as many as fit")
-    trial_cpus: float | None = Field(None, gt=0, description="per trial; default: cluster CPUs / concurrency, else 1")
-    trial_gpus: float | None = Field(None, ge=0, description="per trial; default: the same share of GPUs as of CPUs")
-    storage_path: str = Field("runs/sweeps", description="sweeps go to <storage_path>/<name>-<time>/")
 
 
 @dataclass(frozen=True)
@@ -199,13 +129,20 @@ def _placement(tree: dict, cpus: float, gpus: float, params: dict) -> Any:
     return tune.PlacementGroupFactory(trial_resources(load_config(tree, params), cpus, gpus).bundles)
 
 
-def _trial(params: dict, tree: dict, sweep_dir: str, cpus: float, gpus: float, metric: str) -> None:
-    """One Tune trial: one simulation in `<sweep_dir>/<trial_id>/run`, reporting every evaluated round."""
+def _trial(params: dict, tree: dict, sweep_dir: str, cpus: float, gpus: float, metric: str,
+           registrations: dict) -> None:
+    """One Tune trial: one simulation in `<sweep_dir>/<trial_id>/run`, reporting every evaluated round.
+
+    The driver's plugin registrations arrive by value and are installed before the config is read,
+    so the trial needs none of the driver's files (another node may not have them)."""
     from ray import tune
 
+    from raysim import plugins
     from raysim.config import load_config
     from raysim.runner import run
 
+    plugins.install(registrations)
+    tree = {**tree, "plugins": []}
     cfg = load_config(tree, params)
 
     def report(row: dict) -> bool:
@@ -262,6 +199,7 @@ def run_sweep(config: str | Path | dict, overrides: list[str] | dict | None = No
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    from raysim import plugins
     from raysim.config import ConfigError, dump_config, load_config
     from raysim.runner import ensure_ray
 
@@ -288,7 +226,7 @@ def run_sweep(config: str | Path | dict, overrides: list[str] | dict | None = No
         # trials keep the sweep's working directory, so relative paths (data.path) mean what `raysim run` reads
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
         trainable = tune.with_parameters(_trial, tree=tree, sweep_dir=str(sweep_dir), cpus=cpus, gpus=gpus,
-                                         metric=sweep.metric)
+                                         metric=sweep.metric, registrations=plugins.snapshot())
         tuner = tune.Tuner(
             tune.with_resources(trainable, functools.partial(_placement, tree, cpus, gpus)),
             param_space={k: d.to_tune() for k, d in sweep.space.items()},

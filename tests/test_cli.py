@@ -19,7 +19,7 @@ def cli(*args, timeout=300):
 def test_quickstart_reaches_target_accuracy_within_a_minute(tmp_path):
     out = tmp_path / "quickstart"
     t0 = time.perf_counter()
-    proc = cli("run", "configs/quickstart.yaml", "--out", out)
+    proc = cli("run", "configs/fedavg/quickstart.yaml", "--out", out)
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rounds = pd.read_parquet(out / "rounds.parquet")
@@ -36,7 +36,7 @@ def test_quickstart_reaches_target_accuracy_within_a_minute(tmp_path):
 
 
 def test_overrides_and_config_errors_before_ray_starts(tmp_path):
-    proc = cli("run", "configs/quickstart.yaml", "algorithm.lr=-1", "data.test_fraction=1.5", "--out", tmp_path / "x")
+    proc = cli("run", "configs/fedavg/quickstart.yaml", "algorithm.lr=-1", "data.test_fraction=1.5", "--out", tmp_path / "x")
     assert proc.returncode == 2
     text = proc.stdout + proc.stderr
     assert "algorithm.lr" in text and "data.test_fraction" in text

@@ -73,7 +73,7 @@ def test_valid_space_yields_one_config_per_point():
 
 
 def test_run_ignores_the_sweep_section_and_example_validates():
-    cfg = load_config(ROOT / "configs" / "sweep_fedprox_mu.yaml")
+    cfg = load_config(ROOT / "configs" / "fedavg" / "sweep_fedprox_mu.yaml")
     assert cfg.sweep.scheduler.kind == "asha" and list(cfg.sweep.space) == ["algorithm.mu"]
     assert len(check_space(cfg)) == 5
     assert load_config(TINY).algorithm_params().mu == 0.01

@@ -9,9 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from raysim.data.partition import NATURAL, PARTITIONERS
-from raysim.data.sources import NATURAL_SOURCES, SOURCES
-from raysim.registry import check_registered
+from raysim.data.partition import NATURAL
+from raysim.data.sources import is_natural, natural_sources
+from raysim.plugins import PARTITIONERS, SOURCES
 
 
 class PartitionConfig(BaseModel):
@@ -28,7 +28,7 @@ class PartitionConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:
-        return check_registered("partitioner", kind, [*PARTITIONERS, NATURAL])
+        return PARTITIONERS.check(kind, NATURAL)
 
 
 class RegressionConfig(BaseModel):
@@ -81,7 +81,7 @@ class DataConfig(BaseModel):
     @field_validator("source")
     @classmethod
     def _known_source(cls, source: str) -> str:
-        return check_registered("source", source, SOURCES)
+        return SOURCES.check(source)
 
     @field_validator("test_fraction")
     @classmethod
@@ -98,9 +98,9 @@ class DataConfig(BaseModel):
     def _consistent(self) -> DataConfig:
         if self.source == "parquet" and self.path is None:
             raise ValueError("data.path is required when data.source is 'parquet'")
-        if self.partition.kind == NATURAL and self.source not in NATURAL_SOURCES:
+        if self.partition.kind == NATURAL and not is_natural(self.source):
             raise ValueError(f"data.partition.kind 'natural' needs a source that assigns samples to clients "
-                             f"({sorted(NATURAL_SOURCES)}), not data.source {self.source!r}")
+                             f"({natural_sources()}), not data.source {self.source!r}")
         if self.feature_columns is not None:
             clash = {self.label_column, self.client_column} & set(self.feature_columns)
             if clash:

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from raysim.plugins import PARTITIONERS
+
 if TYPE_CHECKING:
     from raysim.data.config import PartitionConfig
 
 Partitioner = Callable[[np.ndarray, int, "PartitionConfig", np.random.Generator], np.ndarray]
 
-PARTITIONERS: dict[str, Partitioner] = {}
 NATURAL = "natural"
 DIRICHLET_TRIES = 100
 
@@ -92,11 +93,8 @@ def partition(
             raise ValueError(f"data.num_clients: is {num_clients} but the source's natural partition "
                              f"has {len(found)} clients")
         ids = np.asarray(natural, dtype=np.int64)
-    elif cfg.kind in PARTITIONERS:
-        ids = np.asarray(PARTITIONERS[cfg.kind](labels, num_clients, cfg, rng), dtype=np.int64)
     else:
-        raise ValueError(f"data.partition.kind: unknown partitioner {cfg.kind!r}; "
-                         f"allowed: {sorted([*PARTITIONERS, NATURAL])}")
+        ids = np.asarray(PARTITIONERS.lookup(cfg.kind)(labels, num_clients, cfg, rng), dtype=np.int64)
     if ids.shape != (n,) or ids.min() < 0 or ids.max() >= num_clients:
         raise ValueError(f"partitioner {cfg.kind!r} must return one client id in [0, {num_clients}) per sample")
     sizes = np.bincount(ids, minlength=num_clients)

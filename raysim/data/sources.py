@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raysim.data.partition import NATURAL, apportion
+from raysim.plugins import SOURCES
 from raysim.rng import SERVER, SETUP, stream
 
 if TYPE_CHECKING:
@@ -69,25 +70,33 @@ class Source:
 
 
 SourceLoader = Callable[["DataConfig", int], Source]
-SOURCES: dict[str, SourceLoader] = {}
-NATURAL_SOURCES: set[str] = set()
 
 
 def register_source(name: str, natural: bool = False) -> Callable[[SourceLoader], SourceLoader]:
-    """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`."""
+    """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`; `natural` when the
+    source assigns its samples to clients itself (`partition.kind: natural`)."""
 
     def wrap(fn: SourceLoader) -> SourceLoader:
+        fn.natural = natural  # type: ignore[attr-defined]
         SOURCES[name] = fn
-        if natural:
-            NATURAL_SOURCES.add(name)
         return fn
 
     return wrap
 
 
+def is_natural(name: str) -> bool:
+    """True if source `name` assigns samples to clients itself."""
+    return bool(getattr(SOURCES.lookup(name), "natural", False))
+
+
+def natural_sources() -> list[str]:
+    """The registered sources that assign samples to clients."""
+    return [n for n in SOURCES.names() if is_natural(n)]
+
+
 def load_source(cfg: DataConfig, seed: int) -> Source:
     """The pooled dataset of `cfg.source`."""
-    return SOURCES[cfg.source](cfg, seed)
+    return SOURCES.lookup(cfg.source)(cfg, seed)
 
 
 @register_source("digits")

@@ -10,7 +10,8 @@ import raysim
 from pydantic import BaseModel, ConfigDict
 
 from raysim import Algorithm, Cost, Plan, register_algorithm
-from raysim.algorithms.fedavg import FedAvg, ServerState
+from raysim.algorithms.fedavg import FedAvg
+from raysim.training import ServerState
 from raysim.system import SystemModel
 from raysim.config import load_config
 from raysim.results import reproducible

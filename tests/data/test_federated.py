@@ -137,7 +137,8 @@ def test_too_many_clients_is_an_error_naming_num_clients(tmp_path):
 
 @pytest.mark.parametrize("target_shape", [(), (3,)])
 def test_regression_source_round_trips_float64_exactly(tmp_path, target_shape):
-    from raysim.data.sources import SOURCES, Source, register_source
+    from raysim.data.sources import Source, register_source
+    from raysim.plugins import SOURCES
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((60, 2, 2))

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.data import PARTITIONERS, PartitionConfig, partition, register_partitioner
+from raysim.data import PartitionConfig, partition, register_partitioner
+from raysim.plugins import PARTITIONERS
 from raysim.data.partition import apportion, dirichlet_classes
 from raysim.rng import SERVER, SETUP, stream
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raysim.data import SOURCES, DataConfig, Source, load_source, register_source
+from raysim.data import DataConfig, Source, load_source, register_source
+from raysim.plugins import SOURCES
 
 
 def test_digits_is_the_bundled_8x8_set_in_unit_range():

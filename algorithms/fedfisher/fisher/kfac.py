@@ -1,0 +1,57 @@
+"""K-FAC (KFC for convolutions) factors of the true Fisher (specs/fedfisher.md §2.3).
+
+Per Linear/Conv layer: A = sqrt(C)/n sum_x sum_t a_t a_t^T and
+G = 1/(sqrt(C) n) sum_x sum_c (1/|T|) sum_t g_{c,t} g_{c,t}^T, so the layer's Fisher block is
+G ⊗ A in row-major vec order and its product with a layer-shaped V is G V A (nngeometry PMatKFAC).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.algorithms.fedfisher.fisher.layers import Layer, class_gradient_batches, curvature_layers
+
+
+@dataclass
+class KFACBlock:
+    """One layer's factors: A (in_dim x in_dim, input side) and G (out_dim x out_dim, output side)."""
+
+    layer: Layer
+    A: np.ndarray
+    G: np.ndarray
+
+
+@dataclass
+class KFAC:
+    """A block-diagonal Fisher with one Kronecker-factored block per layer."""
+
+    blocks: list[KFACBlock]
+
+    @property
+    def floats(self) -> int:
+        """Numbers uploaded: sum over layers of dim(A)^2 + dim(G)^2 (spec §2.4)."""
+        return sum(b.A.size + b.G.size for b in self.blocks)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.A.nbytes + b.G.nbytes for b in self.blocks)
+
+
+def kfac_fisher(module: nn.Module, x: torch.Tensor, batch_size: int = 64) -> KFAC:
+    """The K-FAC factors at the module's current parameters over the samples `x`."""
+    layers = curvature_layers(module)
+    a_acc = [torch.zeros(l.in_dim, l.in_dim, dtype=x.dtype, device=x.device) for l in layers]
+    g_acc = [torch.zeros(l.out_dim, l.out_dim, dtype=x.dtype, device=x.device) for l in layers]
+    classes = None
+    for batch in class_gradient_batches(module, layers, x, batch_size):
+        for a_tot, g_tot, a, g in zip(a_acc, g_acc, batch.a, batch.g):
+            classes = g.shape[0]
+            a_tot += torch.einsum("bti,btj->ij", a, a)
+            g_tot += torch.einsum("cbto,cbtp->op", g, g) / g.shape[2]
+    root_c, n = math.sqrt(classes), len(x)
+    return KFAC([KFACBlock(l, (a * root_c / n).cpu().numpy(), (g / (root_c * n)).cpu().numpy())
+                 for l, a, g in zip(layers, a_acc, g_acc)])

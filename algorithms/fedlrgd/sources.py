@@ -1,0 +1,61 @@
+"""The FedLRGD paper's smooth synthetic problems (specs/fedlrgd.md §5.2), as natural-partition sources.
+
+Every client gets `synthetic_samples // num_clients` samples (the paper's equal s per client,
+before the test hold-out: with test_fraction 0.2, 25 generated give s = 20), features in
+[0, 1]^p with p = `synthetic_features`, and float64 targets in [0, 1] (`num_classes` 0):
+
+* `smooth_logistic` (§5.2 B, App. A): x ~ U[0,1]^p, soft label y = σ(3(x_1 − x_2) + 0.5 N(0,1)),
+  for the soft-label logistic loss (66) (`loss: bce`) of the bias-free `linear` model.
+* `smooth_ridge` (§5.2 A): u ~ U[0,1]^p, y = clip(mean(u) + 0.1 N(0,1), 0, 1), for ridge regression
+  (`loss: mse` plus an ℓ2 term); its per-coordinate gradient kernel has exact rank p + 1.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from raysim.algorithms.fedlrgd import nets  # noqa: F401  (registers the `linear` model these problems use)
+from raysim.data.config import DataConfig
+from raysim.data.sources import Source, register_source
+from raysim.rng import SERVER, SETUP, stream
+
+
+def _per_client(cfg: DataConfig) -> int:
+    """Samples generated per client; enough that each keeps `partition.min_size` after the hold-out."""
+    s = cfg.synthetic_samples // cfg.num_clients
+    if s - math.floor(cfg.test_fraction * s) < cfg.partition.min_size:
+        raise ValueError(f"data.synthetic_samples: {cfg.synthetic_samples} samples over data.num_clients="
+                         f"{cfg.num_clients} leave fewer than partition.min_size={cfg.partition.min_size} "
+                         f"training samples per client after the test hold-out")
+    return s
+
+
+def _natural(cfg: DataConfig, s: int) -> np.ndarray:
+    return np.repeat(np.arange(cfg.num_clients, dtype=np.int64), s)
+
+
+@register_source("smooth_logistic", natural=True)
+def smooth_logistic(cfg: DataConfig, seed: int) -> Source:
+    """§5.2 B: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
+    p = cfg.synthetic_features
+    if p < 2:
+        raise ValueError(f"data.synthetic_features: smooth_logistic needs p >= 2 features, got {p}")
+    s = _per_client(cfg)
+    rng = stream(seed, SETUP, SERVER, "smooth_logistic")
+    n = s * cfg.num_clients
+    x = rng.uniform(0.0, 1.0, (n, p))
+    y = 1.0 / (1.0 + np.exp(-(3.0 * (x[:, 0] - x[:, 1]) + 0.5 * rng.standard_normal(n))))
+    return Source(x, y, (p,), 0, natural_clients=_natural(cfg, s))
+
+
+@register_source("smooth_ridge", natural=True)
+def smooth_ridge(cfg: DataConfig, seed: int) -> Source:
+    """§5.2 A: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
+    p = cfg.synthetic_features
+    s = _per_client(cfg)
+    rng = stream(seed, SETUP, SERVER, "smooth_ridge")
+    n = s * cfg.num_clients
+    u = rng.uniform(0.0, 1.0, (n, p))
+    y = np.clip(u.mean(1) + 0.1 * rng.standard_normal(n), 0.0, 1.0)
+    return Source(u, y, (p,), 0, natural_clients=_natural(cfg, s))

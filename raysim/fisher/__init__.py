@@ -1,7 +1,0 @@
-"""Fisher information of torch classifiers: the exact diagonal and K-FAC factors (specs/fedfisher.md §2.3)."""
-from raysim.fisher.diag import diagonal_fisher
-from raysim.fisher.kfac import KFAC, KFACBlock, kfac_fisher
-from raysim.fisher.layers import Layer, curvature_layers, layer_matrix, split_layer_matrix
-
-__all__ = ["KFAC", "KFACBlock", "Layer", "curvature_layers", "diagonal_fisher", "kfac_fisher", "layer_matrix",
-           "split_layer_matrix"]

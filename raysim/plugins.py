@@ -1,0 +1,171 @@
+"""The plugin registry: algorithms, data sources, partitioners, models, CLI commands and reports.
+
+A plugin is a module whose import registers things here. The built-in families are plugins
+declared as entry points (group `raysim.plugins` in pyproject.toml) and imported on the first
+lookup, so a process imports only the runtime until a name is needed. A user's plugin is named in
+the config (`plugins: [my_module, path/to/file.py]`), with `--plugin`, or registered in the driver
+script. `snapshot()` collects what was registered outside raysim; the driver ships it by value with
+the validated experiment, and `install()` registers it in every other process (server, client
+actors, Tune trials, other nodes) before any name is looked up there.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+ENTRY_POINTS = "raysim.plugins"
+T = TypeVar("T")
+
+
+class PluginError(ValueError):
+    """A plugin that cannot be found or imported; the message names it."""
+
+
+class Registry(dict):
+    """Names -> objects of one kind; a lookup of a missing name first loads the built-in plugins."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: make the object available under `name`."""
+
+        def wrap(obj: T) -> T:
+            self[name] = obj
+            return obj
+
+        return wrap
+
+    def names(self, *extra: str) -> list[str]:
+        """Every registered name (built-ins loaded), plus `extra` names the caller allows."""
+        load_builtin()
+        return sorted({*self, *extra})
+
+    def check(self, name: str, *extra: str) -> str:
+        """`name` if it is registered (or among `extra`), else a ValueError that lists what is."""
+        if name not in self and name not in extra:
+            allowed = self.names(*extra)
+            if name not in allowed:
+                raise ValueError(f"unknown {self.kind} {name!r}; allowed: {allowed}")
+        return name
+
+    def lookup(self, name: str) -> Any:
+        """The object registered as `name` (built-ins loaded on a miss), or a ValueError listing what exists."""
+        return self[self.check(name)]
+
+
+ALGORITHMS = Registry("algorithm")
+SOURCES = Registry("source")
+PARTITIONERS = Registry("partitioner")
+MODELS = Registry("model")
+KINDS: dict[str, Registry] = {"algorithms": ALGORITHMS, "sources": SOURCES, "partitioners": PARTITIONERS, "models": MODELS}
+COMMAND_MODULES: list[str] = []  # modules whose import registers `raysim` subcommands (imported by the CLI only)
+REPORT_MODULES: list[str] = []  # modules whose import registers reporters (imported by `raysim report` only)
+_loaded = False
+
+
+def register_algorithm(name: str) -> Callable[[type], type]:
+    """Class decorator: make an `Algorithm` subclass available as `algorithm.name: <name>`."""
+
+    def wrap(cls: type) -> type:
+        if getattr(cls, "Params", None) is None:
+            raise TypeError(f"algorithm {name!r} must define a pydantic `Params` class")
+        cls.name = name  # type: ignore[attr-defined]
+        ALGORITHMS[name] = cls
+        return cls
+
+    return wrap
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {}
+
+
+def register_command(name: str | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorator: a typer command function becomes `raysim <name>` (default: the function's name)."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        COMMANDS[name or fn.__name__.replace("_", "-")] = fn
+        return fn
+
+    return wrap
+
+
+def declare(commands: Iterable[str] = (), reports: Iterable[str] = ()) -> None:
+    """Name a plugin's command and report modules: imported only where used (the CLI, `raysim report`),
+    so actors never pay for typer or matplotlib."""
+    COMMAND_MODULES.extend(m for m in commands if m not in COMMAND_MODULES)
+    REPORT_MODULES.extend(m for m in reports if m not in REPORT_MODULES)
+
+
+def load_builtin() -> None:
+    """Import every plugin declared as an entry point (the built-in families, installed third-party ones)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        ep.load()
+
+
+def load_plugin(spec: str) -> ModuleType:
+    """Import a user's plugin: a module name (`my_plugin`) or a Python file (`plugins/mine.py`)."""
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise PluginError(f"plugin {spec!r}: no such file")
+        name = f"raysim_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        if e.name and spec.startswith(e.name):
+            raise PluginError(f"plugin {spec!r}: no module of that name (give a module on sys.path or a .py file)") from None
+        raise
+
+
+def _is_builtin(obj: Any) -> bool:
+    return getattr(obj, "__module__", "").startswith("raysim.")
+
+
+def snapshot() -> dict[str, dict[str, Any]]:
+    """What was registered outside raysim (a driver script, a notebook, a user's plugin), by kind.
+
+    Their modules are marked to pickle by value, so a process that never imported them (an actor, a
+    Tune trial, another node) receives the code itself, not a reference it could not resolve.
+    """
+    import ray.cloudpickle
+
+    shot: dict[str, dict[str, Any]] = {}
+    for kind, registry in KINDS.items():
+        mine = {n: obj for n, obj in registry.items() if not _is_builtin(obj)}
+        for obj in mine.values():
+            module = sys.modules.get(getattr(obj, "__module__", ""))
+            if module is not None and module.__name__ != "__main__":
+                ray.cloudpickle.register_pickle_by_value(module)
+        if mine:
+            shot[kind] = mine
+    return shot
+
+
+def install(shot: dict[str, dict[str, Any]]) -> None:
+    """Register a driver's `snapshot()` in this process (before any lookup)."""
+    for kind, entries in shot.items():
+        KINDS[kind].update(entries)

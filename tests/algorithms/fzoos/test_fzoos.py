@@ -1,0 +1,112 @@
+"""FZooS: exact query and message accounting, the correction schedule, active queries ranked by the
+trace, persistent client state, and end-to-end runs through the real runtime (specs/fzoos.md §7.1)."""
+import hashlib
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+import raysim
+from raysim.algorithms.fzoos.fzoos import FZooS, correction_length
+from raysim.algorithms.fzoos import gp, rff
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_queries_and_uploads_per_client_and_round_are_exact(driver, one_round):
+    """U11/U12: 10 initial + 56 local + 51 end-of-round = 107 per round at T = 10; uploads d then M floats."""
+    d, m = 20, 300
+    algo = driver[0](FZooS, objective={"dim": d}, num_features=m)
+    state, cstates = algo.init(), {c: algo.client_init(c) for c in range(5)}
+    expected = [("local", 10 + 56), ("surrogate", 51), ("local", 56), ("surrogate", 51)]
+    for t, (phase, calls) in enumerate(expected, 1):
+        state, costs, got, _ = one_round(algo, state, cstates, t)
+        assert got == phase
+        assert [c.oracle_calls for c in costs] == [calls] * 5
+        floats = d if phase == "local" else m
+        assert all(c.upload_bytes == 8 * floats and c.upload_vectors == floats / d for c in costs)
+    assert state.zo_round == 2
+    assert all(s.history.n == 10 + 2 * 107 for s in cstates.values())  # the history persists in the client
+    assert all(s.w_own is not None and s.w_own.shape == (m,) for s in cstates.values())
+    assert torch.allclose(state.shared, torch.stack([s.w_own for s in cstates.values()]).mean(0))
+
+
+def test_correction_length_schedules():
+    """U13: gamma = 1/t (paper), constant, or max(1/t, floor)."""
+    assert [correction_length("inv_t", t, 1.0, 0.1) for t in (1, 2, 4)] == [1.0, 0.5, 0.25]
+    assert correction_length("const", 7, 1.0, 0.1) == 1.0
+    assert [correction_length("floored", t, 1.0, 0.3) for t in (1, 2, 5)] == [1.0, 0.5, 0.3]
+
+
+def test_no_correction_in_round_one_then_the_surrogates_change_the_steps(driver, one_round):
+    """Round 1 has no w_0: its iterate does not depend on M; round 2's does."""
+    xs = {}
+    for m in (50, 400):
+        algo = driver[0](FZooS, num_clients=3, objective={"dim": 8}, num_features=m, local_steps=3)
+        state, cstates = algo.init(), {c: algo.client_init(c) for c in range(3)}
+        rounds = []
+        for t in range(1, 4):
+            state, _, _, _ = one_round(algo, state, cstates, t)
+            rounds.append(state.x.clone())
+        xs[m] = rounds
+    assert torch.equal(xs[50][0], xs[400][0])
+    assert not torch.equal(xs[50][2], xs[400][2])
+
+
+def test_active_queries_are_the_candidates_of_largest_gradient_trace(driver):
+    """§2.4/U5: the queried points are the top-k candidates by tr Sigma_grad (not the spectral norm)."""
+    algo = driver[0](FZooS, num_clients=1, objective={"dim": 30})
+    state = algo.client_init(0)
+    x = algo.objective.x0
+    X = x + 0.02 * (2 * torch.rand(40, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) - 1)
+    state.history.add(X, algo.objective.local(0, X))
+    assert algo._active(state, 0, x, 0.01, 100, 5, np.random.default_rng(1)) == 5
+    C = (x + 0.01 * torch.from_numpy(np.random.default_rng(1).uniform(-1, 1, (100, 30)))).clamp(0, 1)
+    model = gp.fit(X, None, 1.0, 1e-6, center=x)
+    traces = torch.stack([torch.trace(gp.grad_cov(model, c)) for c in C])
+    assert torch.allclose(state.history.X[40:45], C[torch.topk(traces, 5).indices])
+
+
+TINY = {
+    "name": "fzoos-tiny",
+    "seed": 3,
+    "data": {"source": "blackbox", "num_clients": 3, "partition": {"kind": "natural"}},
+    "algorithm": {"name": "fzoos", "rounds": 4, "clients_per_round": 3, "local_steps": 3, "num_features": 200,
+                  "objective": {"kind": "quadratic", "dim": 10, "heterogeneity": 5.0}},
+    "cluster": {"num_actors": 2, "cpus_per_actor": 1},
+}
+
+
+def test_end_to_end_and_same_trajectory_whatever_the_number_of_actors(ray_cluster, tmp_path):
+    """Through the runtime: phases, counters and F; U14: 1 actor vs 2 give bit-identical trajectories."""
+    two = raysim.run(TINY, out=tmp_path / "two").rounds
+    assert list(two["phase"]) == ["local", "surrogate"] * 2
+    assert list(two["zo_round"]) == [1, 1, 2, 2]
+    per_round = 1 + 3 + 5 * 2 + 1 + 50
+    assert two["oracle_calls"].iloc[-1] == 3 * (10 + 2 * per_round)
+    assert two["upload_bytes"].iloc[-1] == 2 * 3 * 8 * (10 + 200)
+    assert np.allclose(two["gap"], two["objective"] + 0.025 - 0.1 / 10)
+    assert two["objective"].iloc[-1] < two["objective"].iloc[0]
+    one = raysim.run(TINY, out=tmp_path / "one", cluster__num_actors=1).rounds
+    for col in ["objective", "oracle_calls", "upload_bytes"]:
+        np.testing.assert_array_equal(one[col], two[col])
+
+
+@ray.remote
+def _features_digest(seed, m, d):
+    import os
+
+    from raysim.algorithms.fzoos.rff import shared_features
+
+    rf = shared_features(seed, m, d, 1.0)
+    return os.getpid(), hashlib.sha256(rf.V.numpy().tobytes() + rf.b.numpy().tobytes()).hexdigest()
+
+
+def test_identical_random_features_in_every_process(ray_cluster):
+    """U13: every actor draws the same (V, b) from the seed."""
+    results = ray.get([_features_digest.remote(4, 500, 30) for _ in range(4)])
+    here = rff.shared_features(4, 500, 30, 1.0)
+    local = hashlib.sha256(here.V.numpy().tobytes() + here.b.numpy().tobytes()).hexdigest()
+    assert {h for _, h in results} == {local}

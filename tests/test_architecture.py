@@ -1,0 +1,58 @@
+"""The import contracts (pyproject.toml [tool.importlinter]), checked with import-linter on the package
+as installed: raysim's runtime, actors/ and algorithms/ laid out as the one `raysim` package they map to."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).parent / "lint-imports"
+
+
+def _package(tmp: Path) -> Path:
+    """A copy of the sources arranged as the installed package (actors/ and algorithms/ inside raysim/), since
+    import-linter reads a package from one folder and the checkout maps two folders into it."""
+    pkg = tmp / "raysim"
+    shutil.copytree(ROOT / "raysim", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for sub in ("actors", "algorithms"):
+        shutil.copytree(ROOT / sub, pkg / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT), str(ROOT / "pyproject.toml")], cwd=tree, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+def test_the_import_contracts_hold(tmp_path):
+    proc = _lint(_package(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "3 kept, 0 broken" in proc.stdout
+
+
+def test_every_runtime_module_is_under_the_no_family_contract():
+    """The forbidden contract lists the runtime's modules by name: a new one must be added there."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    listed = set(next(c for c in contracts if c["type"] == "forbidden")["source_modules"])
+    present = {f"raysim.{p.stem}" for p in (ROOT / "raysim").iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()} | {"raysim.actors"}
+    assert present == listed
+
+
+@pytest.mark.parametrize("importer, imported, contract", [
+    ("algorithms/sketching/sketch.py", "raysim.algorithms.kernel.kernels", "No paper family imports another"),
+    ("raysim/runner.py", "raysim.algorithms.fedavg", "The runtime and the actors import no paper family"),
+    ("actors/client.py", "raysim.algorithms.fzoos.gp", "The runtime and the actors import no paper family"),
+    ("raysim/results.py", "raysim.runner", "No import cycles"),
+])
+def test_a_forbidden_import_breaks_its_contract(tmp_path, importer, imported, contract):
+    tree = _package(tmp_path)
+    target = tree / "raysim" / importer.removeprefix("raysim/")
+    target.write_text(target.read_text() + f"\n\ndef _smuggled():\n    import {imported}  # noqa: F401\n")
+    proc = _lint(tree)
+    assert proc.returncode != 0
+    assert f"{contract}" in proc.stdout and "BROKEN" in proc.stdout

@@ -1,0 +1,152 @@
+"""A researcher's own plugin, written outside the package (a source, a partitioner, a model and an
+algorithm), runs everywhere the driver's registrations must reach: client actors (several clients
+each, and one client per actor), Tune trials, and the CLI with --plugin."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from raysim import plugins
+from raysim.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RAYSIM = [sys.executable, "-m", "raysim.cli"]
+
+PLUGIN = '''
+"""my_plugin: three Gaussian blobs, a round-robin split, a bias-free linear model, FedAvg that shrinks."""
+import numpy as np
+import torch
+from pydantic import Field
+
+from raysim import register_algorithm
+from raysim.data import Source, register_partitioner, register_source
+from raysim.models import register_model
+from raysim.training import LocalSGD, LocalSGDParams
+
+
+@register_source("blobs")
+def blobs(cfg, seed):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, 900)
+    x = (rng.normal(size=(900, 4)) + 2.0 * np.eye(3, 4)[y]).astype(np.float32)
+    return Source(x, y.astype(np.int64), (4,), 3)
+
+
+@register_partitioner("round_robin")
+def round_robin(labels, num_clients, cfg, rng):
+    return np.arange(len(labels)) % num_clients
+
+
+@register_model("no_bias_linear")
+def no_bias_linear(cfg, feature_shape, image_shape, num_classes):
+    return torch.nn.Linear(feature_shape[0], num_classes, bias=False)
+
+
+class ShrinkParams(LocalSGDParams):
+    shrink: float = Field(0.5, gt=0, le=1)
+
+
+@register_algorithm("shrinking_fedavg")
+class ShrinkingFedAvg(LocalSGD):
+    """FedAvg whose server step is scaled by `shrink`."""
+
+    Params = ShrinkParams
+
+    def aggregate(self, state, replies, rng):
+        new, cost = super().aggregate(state, replies, rng)
+        new.params = state.params + self.params.shrink * (new.params - state.params)
+        return new, cost
+'''
+
+
+def _config(**extra) -> dict:
+    return {"name": "mine", "seed": 1,
+            "data": {"source": "blobs", "num_clients": 6, "partition": {"kind": "round_robin"}},
+            "model": {"name": "no_bias_linear"},
+            "algorithm": {"name": "shrinking_fedavg", "rounds": 4, "clients_per_round": 4, "lr": 0.1,
+                          "local_steps": 3, "shrink": 0.5},
+            "cluster": {"num_actors": 2, "num_cpus": 2}, "eval": {"every": 1}, **extra}
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    """The plugin in a folder of its own, outside the package and not on sys.path."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "my_plugin.py").write_text(PLUGIN)
+    return folder
+
+
+def _run(args, cwd, timeout=300):
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_driver_registrations_reach_the_actors_in_every_layout(plugin_dir, tmp_path):
+    """A driver script imports its plugin itself (no `plugins:` key): the server and every client actor
+    still build the blobs data, the model and the algorithm; one client per actor gives the same numbers."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f'''
+        import sys
+        sys.path.insert(0, {str(plugin_dir)!r})
+        import my_plugin  # registers blobs, round_robin, no_bias_linear, shrinking_fedavg
+        import raysim
+        cfg = {_config()!r}
+        a = raysim.run(cfg, out={str(tmp_path / "shards")!r})
+        b = raysim.run(cfg, {{"cluster.num_actors": None, "cluster.clients_per_actor": 1}}, out={str(tmp_path / "single")!r})
+        print(a.info["actors"], b.info["actors"])
+    '''))
+    proc = _run([sys.executable, str(script)], cwd=tmp_path)
+    assert proc.stdout.split()[-2:] == ["2", "6"]
+    a = pd.read_parquet(tmp_path / "shards" / "rounds.parquet")
+    b = pd.read_parquet(tmp_path / "single" / "rounds.parquet")
+    assert len(a) == 4 and a["test_accuracy"].iloc[-1] > 0.6
+    for col in ("test_accuracy", "test_loss", "train_loss", "sim_time", "gamma"):
+        assert a[col].tolist() == b[col].tolist()
+
+
+def test_cli_run_and_a_two_trial_sweep_with_the_plugin(plugin_dir, tmp_path):
+    """`raysim run --plugin FILE` and `raysim sweep` of a config naming the plugin file (`plugins:`)."""
+    run_cfg = tmp_path / "run.yaml"
+    run_cfg.write_text(yaml.safe_dump(_config()))
+    _run([*RAYSIM, "run", str(run_cfg), "--plugin", str(plugin_dir / "my_plugin.py"), "--out", str(tmp_path / "cli"),
+          "--quiet"], cwd=tmp_path)
+    assert len(pd.read_parquet(tmp_path / "cli" / "rounds.parquet")) == 4
+
+    sweep_cfg = plugin_dir / "sweep.yaml"  # `plugins: [my_plugin.py]` is found next to the config
+    sweep_cfg.write_text(yaml.safe_dump(_config(
+        plugins=["my_plugin.py"], command="sweep",
+        sweep={"space": {"algorithm.shrink": {"grid": [0.5, 1.0]}}, "metric": "test_accuracy", "mode": "max",
+               "concurrency": 1})))
+    _run([*RAYSIM, "sweep", str(sweep_cfg), "--out", str(tmp_path / "sweep"), "--quiet"], cwd=tmp_path)
+    trials = pd.read_parquet(tmp_path / "sweep" / "sweep_results.parquet")
+    assert sorted(trials["algorithm.shrink"]) == [0.5, 1.0] and set(trials["status"]) == {"finished"}
+
+
+def test_plugin_errors_name_the_plugin(tmp_path):
+    with pytest.raises(ConfigError, match=r"plugins: plugin '.*nowhere\.py': no such file"):
+        load_config({**_config(), "plugins": [str(tmp_path / "nowhere.py")]})
+    with pytest.raises(ConfigError, match=r"plugins: plugin 'no_such_module_xyz': no module"):
+        load_config({**_config(), "plugins": ["no_such_module_xyz"]})
+    proc = subprocess.run([*RAYSIM, "list", "--plugin", str(tmp_path / "nowhere.py")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "nowhere.py" in proc.stdout + proc.stderr
+
+
+def test_the_config_names_its_plugin_and_validates_against_it(plugin_dir):
+    cfg = load_config({**_config(), "plugins": [str(plugin_dir / "my_plugin.py")]})
+    assert cfg.algorithm_params().shrink == 0.5
+    assert {"blobs", "round_robin", "no_bias_linear", "shrinking_fedavg"} <= {
+        *plugins.SOURCES, *plugins.PARTITIONERS, *plugins.MODELS, *plugins.ALGORITHMS}
+
+
+def test_raysim_run_on_a_file_for_another_command_names_the_command():
+    proc = subprocess.run([*RAYSIM, "run", "configs/sketching/sketch_attack.yaml"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).strip()
+    assert "raysim attack configs/sketching/sketch_attack.yaml" in out and len(out.splitlines()) <= 2
