@@ -59,5 +59,6 @@ class Experiment:
 
 
 def make_algorithm(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu") -> Algorithm:
-    """The configured algorithm of a config validated in this process (tests, benchmarks, family commands)."""
-    return Experiment.of(cfg).algorithm_for(data, device)
+    """The configured algorithm of a config validated in this process (tests, benchmarks, family commands);
+    nothing travels, so no plugin snapshot is taken."""
+    return Experiment(cfg, plugins.ALGORITHMS.lookup(cfg.algorithm.name), cfg.algorithm_params()).algorithm_for(data, device)

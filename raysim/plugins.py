@@ -35,15 +35,6 @@ class Registry(dict):
         super().__init__()
         self.kind = kind
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator: make the object available under `name`."""
-
-        def wrap(obj: T) -> T:
-            self[name] = obj
-            return obj
-
-        return wrap
-
     def names(self, *extra: str) -> list[str]:
         """Every registered name (built-ins loaded), plus `extra` names the caller allows."""
         load_builtin()

@@ -1,5 +1,5 @@
-"""A researcher's own plugin, written outside the package (a source, a partitioner, a model and an
-algorithm), runs everywhere the driver's registrations must reach: client actors (several clients
+"""A researcher's own plugin (the README's example, as printed: a source, a partitioner, a model and an
+algorithm), written outside the package, runs everywhere the driver's registrations must reach: client actors (several clients
 each, and one client per actor), Tune trials, and the CLI with --plugin."""
 import subprocess
 import sys
@@ -16,51 +16,15 @@ from raysim.config import ConfigError, load_config
 ROOT = Path(__file__).resolve().parents[1]
 RAYSIM = [sys.executable, "-m", "raysim.cli"]
 
-PLUGIN = '''
-"""my_plugin: three Gaussian blobs, a round-robin split, a bias-free linear model, FedAvg that shrinks."""
-import numpy as np
-import torch
-from pydantic import Field
 
-from raysim import register_algorithm
-from raysim.data import Source, register_partitioner, register_source
-from raysim.models import register_model
-from raysim.training import LocalSGD, LocalSGDParams
+def _readme_plugin() -> str:
+    """The README's "Write your own plugin" example, exactly as printed there."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\n# my_plugin.py\n") + len("```python\n")
+    return text[start:text.index("```", start)]
 
 
-@register_source("blobs")
-def blobs(cfg, seed):
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 3, 900)
-    x = (rng.normal(size=(900, 4)) + 2.0 * np.eye(3, 4)[y]).astype(np.float32)
-    return Source(x, y.astype(np.int64), (4,), 3)
-
-
-@register_partitioner("round_robin")
-def round_robin(labels, num_clients, cfg, rng):
-    return np.arange(len(labels)) % num_clients
-
-
-@register_model("no_bias_linear")
-def no_bias_linear(cfg, feature_shape, image_shape, num_classes):
-    return torch.nn.Linear(feature_shape[0], num_classes, bias=False)
-
-
-class ShrinkParams(LocalSGDParams):
-    shrink: float = Field(0.5, gt=0, le=1)
-
-
-@register_algorithm("shrinking_fedavg")
-class ShrinkingFedAvg(LocalSGD):
-    """FedAvg whose server step is scaled by `shrink`."""
-
-    Params = ShrinkParams
-
-    def aggregate(self, state, replies, rng):
-        new, cost = super().aggregate(state, replies, rng)
-        new.params = state.params + self.params.shrink * (new.params - state.params)
-        return new, cost
-'''
+PLUGIN = _readme_plugin()
 
 
 def _config(**extra) -> dict:
