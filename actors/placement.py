@@ -32,13 +32,15 @@ def client_resources(cluster: ClusterConfig, num_actors: int, total_cpus: float,
     """A fractional GPU (1/k, capped in CUDA memory to the same share) when GPUs exist, else a CPU share.
 
     Ray's fractional GPU only schedules; the memory cap keeps one actor from taking the card.
-    Torch threads follow the CPU share (more threads than cores slowed training steps 10-25x).
+    Torch threads are `cluster.torch_threads`, at most the CPU share (more threads than cores slowed
+    training steps 10-25x).
     """
     cpus = _floor4(cluster.cpus_per_actor or max(total_cpus / num_actors, 0.0001))
+    threads = max(1, min(cluster.torch_threads, int(cpus)))
     if total_gpus > 0:
         frac = _floor4(cluster.gpu_fraction or min(1.0, total_gpus / num_actors))
-        return ActorResources(cpus, frac, max(1, int(cpus)), frac)
-    return ActorResources(cpus, 0.0, max(1, int(cpus)), None)
+        return ActorResources(cpus, frac, threads, frac)
+    return ActorResources(cpus, 0.0, threads, None)
 
 
 def client_scheduling() -> str | PlacementGroupSchedulingStrategy:

@@ -41,7 +41,7 @@ from raysim.models import DTYPES, ParamSpec, build_model
 from raysim.rng import stream
 
 SYSTEMS = ("raysim", "sequential", "vectorized")
-STEP_PURPOSE = "step"  # the stream a client actor hands the client step (actors/client.py, ClientShard.train)
+STEP_PURPOSE = "step"  # the stream a shard hands the client step (raysim/shard.py, ClientShard._steps)
 PLAIN_FEDAVG = {"server_lr": 1.0, "weighting": "samples", "theta0": "model_init", "loss": "ce", "l2": 0.0,
                 "lr_schedule": "constant", "quantizer": "none"}  # what the references implement
 SAMPLE_EVERY_S = 0.5

@@ -23,9 +23,16 @@ def checkpoint_dir(run_dir: str | Path, round: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"round-{round:06d}"
 
 
+def dumps(state: Any) -> bytes:
+    """`state` pickled with Ray's cloudpickle, which carries the classes of modules the driver's
+    plugins registered by value (raysim.plugins.snapshot)."""
+    import ray.cloudpickle
+
+    return ray.cloudpickle.dumps(state)
+
+
 def save(payload: bytes, path: Path) -> None:
-    """Write pickled state to `path` atomically (actors pickle with Ray's cloudpickle, which also
-    carries classes defined outside raysim by value)."""
+    """Write pickled state to `path` atomically."""
     atomic_write_bytes(path, lambda tmp: Path(tmp).write_bytes(payload))
 
 
@@ -36,6 +43,18 @@ def load(path: Path) -> Any:
 
 def shard_path(ckpt: Path, shard: int) -> Path:
     return ckpt / f"shard-{shard:04d}.pkl"
+
+
+def client_states(ckpt: Path, clients: list[int]) -> dict[int, Any]:
+    """The saved states of `clients`, whichever shards saved them: a run resumes with another
+    packing of clients into actors, or on the other backend."""
+    wanted, states = set(clients), {}
+    for path in sorted(Path(ckpt).glob("shard-*.pkl")):
+        states.update((c, s) for c, s in load(path).items() if c in wanted)
+    missing = wanted - states.keys()
+    if missing:
+        raise FileNotFoundError(f"checkpoint {ckpt}: no saved state for clients {sorted(missing)[:5]}")
+    return states
 
 
 def commit(run_dir: str | Path, round: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,6 +49,8 @@ class ClusterConfig(BaseModel):
     cpus_per_actor: float | None = Field(None, gt=0, description="default: the CPUs shared evenly")
     gpu_fraction: float | None = Field(None, gt=0, le=1, description="GPU share per actor when GPUs exist; default 1/num_actors")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray; default: all")
+    torch_threads: int = Field(1, ge=1, description="torch threads per client actor (at most its CPU share); 1 keeps"
+                               " results bitwise equal in every layout, as torch's sums depend on the thread count")
 
 
 class CheckpointConfig(BaseModel):
@@ -95,6 +97,7 @@ class ExperimentConfig(BaseModel):
     sweep: SweepConfig | None = Field(None, description="read by `raysim sweep` only")
     plugins: list[str] = Field(default_factory=list, description="modules or .py files to import first (your own algorithms, data, models)")
     command: str = Field("run", description="the raysim command this file is for (run, sweep, or a family's command)")
+    backend: Literal["ray", "local"] = Field("ray", description="ray: server and client actors; local: the whole run in this process (same numbers)")
 
     def algorithm_params(self) -> BaseModel:
         """The algorithm's hyperparameters, validated by its registered `Params` class."""
@@ -151,6 +154,10 @@ def _check(cfg: ExperimentConfig) -> list[str]:
             f" (+{cfg.system.stragglers.over_select} over-selected) exceeds data.num_clients={cfg.data.num_clients}")
     if cfg.faults and cfg.system.clock.mode != "virtual":
         problems.append("faults: injected faults need system.clock.mode 'virtual' (the real clock drops late clients)")
+    if cfg.backend == "local" and cfg.faults:
+        problems.append("faults: injected faults kill client actors; they need backend 'ray'")
+    if cfg.backend == "local" and cfg.system.clock.mode != "virtual":
+        problems.append("system.clock.mode: the real clock waits for client actors in real time; it needs backend 'ray'")
     problems += [f"faults.{i}.round: {f.round} is after the last round ({cfg.algorithm.rounds})"
                  for i, f in enumerate(cfg.faults) if f.round > cfg.algorithm.rounds]
     c = cfg.cluster

@@ -1,5 +1,6 @@
-"""Run an experiment on Ray: build the federated data, start (or join) Ray, start the server and
-client actors, drive the rounds, write results after every round, and stop cleanly on errors."""
+"""Run an experiment: build the federated data, start (or join) Ray and the server and client actors
+(or, with `backend: local`, the same engine in this process), drive the rounds, write results after
+every round, and stop cleanly on errors."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ from raysim import checkpoint
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
 from raysim.experiment import Experiment
+from raysim.local import LocalServer
 from raysim.results import RunResult, RunWriter, new_run_dir, write_text
 
 
@@ -31,6 +33,28 @@ def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     else:
         ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, logging_level="WARNING")
     return True
+
+
+class RayServer:
+    """The server actor behind the calls of `raysim.local.LocalServer`."""
+
+    def __init__(self, experiment: Experiment, data: dict, run_dir: Path):
+        from raysim.actors.server import ServerActor
+
+        self.actor = ServerActor.remote(experiment, data, str(run_dir))
+
+    def start(self) -> dict:
+        return ray.get(self.actor.start.remote())
+
+    def resume(self) -> None:
+        ray.get(self.actor.resume.remote())
+
+    def run_round(self, round: int) -> tuple[dict, list[dict]]:
+        return ray.get(self.actor.run_round.remote(round))
+
+    def close(self) -> None:
+        if ray.is_initialized():
+            ray.kill(self.actor)
 
 
 def _progress(enabled: bool) -> Progress:
@@ -89,14 +113,13 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
     try:
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
         t_data = time.perf_counter()
-        started_ray = ensure_ray(cfg, address)
+        if cfg.backend == "ray":
+            started_ray = ensure_ray(cfg, address)
         t_ray = time.perf_counter()
-        from raysim.actors.server import ServerActor
-
-        server = ServerActor.remote(Experiment.of(cfg), fed.to_dict(), str(run_dir))
-        layout = ray.get(server.start.remote())
+        server = (RayServer if cfg.backend == "ray" else LocalServer)(Experiment.of(cfg), fed.to_dict(), run_dir)
+        layout = server.start()
         if resume is not None:
-            ray.get(server.resume.remote())
+            server.resume()
         writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,
                       startup_s=time.perf_counter() - t_start, resumed_from=done, **layout)
         wall = writer.rounds[-1]["wall_s"] if writer.rounds else 0.0
@@ -104,7 +127,7 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
             task = bar.add_task(cfg.name, total=cfg.algorithm.rounds, metric="", sim=0.0, completed=done)
             for t in range(done + 1, cfg.algorithm.rounds + 1):
                 t0 = time.perf_counter()
-                row, client_rows = ray.get(server.run_round.remote(t))
+                row, client_rows = server.run_round(t)
                 wall += time.perf_counter() - t0
                 row["wall_s"] = wall
                 writer.add(row, client_rows)
@@ -121,8 +144,8 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
         writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
         raise
     finally:
-        if server is not None and ray.is_initialized():
-            ray.kill(server)
+        if server is not None:
+            server.close()
         if started_ray:
             ray.shutdown()
     return RunResult.load(run_dir)

@@ -238,14 +238,23 @@ class LocalSGD(Algorithm):
             theta = theta - lr * (g + self.mu * (theta - theta_g))
         return self._reply((theta - theta_g).cpu().numpy(), data, bp, rng)
 
+    def _batch_width(self, plans: list[BatchPlan]) -> int:
+        """The padded minibatch width of a vectorized step: the batch size, or the largest client's size
+        under full batches. The same in every shard, so a client's sums run over the same width (and
+        give the same bits) whichever clients share its shard."""
+        largest = int(np.max(self.ctx.client_sizes))
+        width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
+        return max(width, *(p.idx.shape[1] for p in plans))
+
     def step_many(self, cstates: list, datas: list[ClientData], broadcast: Broadcast | np.ndarray, rngs: list):
-        """All clients of a shard at once: stacked parameters, vmap of the per-sample-batch gradient."""
-        if len(datas) <= 1:
-            return super().step_many(cstates, datas, broadcast, rngs)
+        """All clients of a shard at once: stacked parameters, vmap of the per-sample-batch gradient
+        (also for one client, so a client's numbers do not depend on how many share its shard)."""
+        if not datas:
+            return []
         k = len(datas)
         plans = [self._plan_for(d, r) for d, r in zip(datas, rngs)]
         steps = max(len(p.idx) for p in plans)
-        bsz = max(p.idx.shape[1] for p in plans)
+        bsz = self._batch_width(plans)
         idx = np.zeros((k, steps, bsz), dtype=np.int64)  # numpy: a slice assignment costs ~1 µs, torch's ~5 µs
         w = np.zeros((k, steps, bsz))
         for i, p in enumerate(plans):

@@ -1,12 +1,28 @@
 """Shared fixtures: one local Ray for the whole session, started by the tests themselves."""
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import ray
 import torch
 
+from raysim import register_algorithm
+from raysim.algorithms.fedavg import FedAvg
 from raysim.contract import ClientData, Context
 from raysim.models import ModelConfig
 from raysim.rng import SERVER, stream
+from raysim.training import ServerState
+
+STRAGGLERS = {  # 12 digits clients, 8 a round, 4 local steps: compute times 4 + Erlang(4) in batch units
+    "name": "stragglers",
+    "seed": 11,
+    "data": {"source": "digits", "num_clients": 12},
+    "model": {"name": "logreg"},
+    "algorithm": {"name": "fedavg_counting", "rounds": 5, "clients_per_round": 8, "lr": 0.1,
+                  "local_steps": 4, "batch_size": 5, "weighting": "uniform"},
+    "system": {"compute": {"unit": "batch"}, "comm": {"phi": 2.0}},
+    "cluster": {"num_actors": 2},
+}
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +96,25 @@ def driver():
 def one_round():
     """`zo_round`: one in-process round of a ZO algorithm."""
     return zo_round
+
+
+@dataclass
+class CountingState(ServerState):
+    aggregated: float = 0.0
+
+
+@register_algorithm("fedavg_counting")
+class FedAvgCounting(FedAvg):
+    """FedAvg that reports how many client replies (uniform weight 1 each) it aggregated."""
+
+    def init(self):
+        return CountingState(super().init().params)
+
+    def aggregate(self, state, replies, rng):
+        new, cost = super().aggregate(state, replies, rng)
+        return CountingState(new.params, float(sum(r.weight for r in replies))), cost
+
+    def evaluate(self, state, data):
+        return {**super().evaluate(state, data), "aggregated": state.aggregated}
+
+

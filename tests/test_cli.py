@@ -2,10 +2,12 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
+
+import raysim
+from raysim.results import reproducible
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYSIM = [sys.executable, "-m", "raysim.cli"]
@@ -16,18 +18,19 @@ def cli(*args, timeout=300):
     return subprocess.run([*RAYSIM, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_quickstart_reaches_target_accuracy_within_a_minute(tmp_path):
+def test_quickstart_reaches_target_accuracy_and_the_local_backend_gives_the_same_bits(tmp_path):
     out = tmp_path / "quickstart"
-    t0 = time.perf_counter()
     proc = cli("run", "configs/fedavg/quickstart.yaml", "--out", out)
-    elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rounds = pd.read_parquet(out / "rounds.parquet")
     assert len(rounds) == 60
     assert rounds["test_accuracy"].iloc[-1] >= 0.85
     assert (rounds["gamma"] > 0).all() and (rounds["sim_time"] > 0).all()
-    assert elapsed < 90, f"quickstart took {elapsed:.1f} s"  # the target is 60 s; CI machines are noisy
     assert "results:" in proc.stdout and "test_accuracy=" in proc.stdout
+    on_ray = raysim.RunResult.load(out)
+    local = raysim.run(ROOT / "configs/fedavg/quickstart.yaml", out=tmp_path / "local", backend="local")
+    for table in ("rounds", "clients"):
+        pd.testing.assert_frame_equal(reproducible(getattr(local, table)), reproducible(getattr(on_ray, table)))
 
     report = cli("report", out)
     assert report.returncode == 0, report.stderr

@@ -51,22 +51,25 @@ def _run(args, cwd, timeout=300):
     return proc
 
 
-def test_driver_registrations_reach_the_actors_in_every_layout(plugin_dir, tmp_path):
-    """A driver script imports its plugin itself (no `plugins:` key): the server and every client actor
-    still build the blobs data, the model and the algorithm; one client per actor gives the same numbers."""
+def test_driver_registrations_reach_the_actors_in_every_layout(ray_cluster, plugin_dir, tmp_path):
+    """A driver script imports its plugin itself (no `plugins:` key) and joins the session's Ray: the server
+    and every client actor still build the blobs data, the model and the algorithm; one client per actor
+    gives the same numbers."""
+    address = ray_cluster.get_runtime_context().gcs_address
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(f'''
         import sys
         sys.path.insert(0, {str(plugin_dir)!r})
         import my_plugin  # registers blobs, round_robin, no_bias_linear, shrinking_fedavg
         import raysim
-        cfg = {_config()!r}
-        a = raysim.run(cfg, out={str(tmp_path / "shards")!r})
-        b = raysim.run(cfg, {{"cluster.num_actors": None, "cluster.clients_per_actor": 1}}, out={str(tmp_path / "single")!r})
+        cfg = {_config(data={"source": "blobs", "num_clients": 4, "partition": {"kind": "round_robin"}})!r}
+        a = raysim.run(cfg, out={str(tmp_path / "shards")!r}, address={address!r})
+        b = raysim.run(cfg, {{"cluster.num_actors": None, "cluster.clients_per_actor": 1}}, out={str(tmp_path / "single")!r},
+                       address={address!r})
         print(a.info["actors"], b.info["actors"])
     '''))
     proc = _run([sys.executable, str(script)], cwd=tmp_path)
-    assert proc.stdout.split()[-2:] == ["2", "6"]
+    assert proc.stdout.split()[-2:] == ["2", "4"]
     a = pd.read_parquet(tmp_path / "shards" / "rounds.parquet")
     b = pd.read_parquet(tmp_path / "single" / "rounds.parquet")
     assert len(a) == 4 and a["test_accuracy"].iloc[-1] > 0.6
@@ -74,20 +77,22 @@ def test_driver_registrations_reach_the_actors_in_every_layout(plugin_dir, tmp_p
         assert a[col].tolist() == b[col].tolist()
 
 
-def test_cli_run_and_a_two_trial_sweep_with_the_plugin(plugin_dir, tmp_path):
-    """`raysim run --plugin FILE` and `raysim sweep` of a config naming the plugin file (`plugins:`)."""
+def test_cli_run_and_a_two_trial_sweep_with_the_plugin(ray_cluster, plugin_dir, tmp_path):
+    """`raysim run --plugin FILE` (in one process: backend local), and `raysim sweep` on the session's Ray of
+    a config naming the plugin file (`plugins:`): each Tune trial runs the experiment in its own process."""
     run_cfg = tmp_path / "run.yaml"
     run_cfg.write_text(yaml.safe_dump(_config()))
-    _run([*RAYSIM, "run", str(run_cfg), "--plugin", str(plugin_dir / "my_plugin.py"), "--out", str(tmp_path / "cli"),
-          "--quiet"], cwd=tmp_path)
+    _run([*RAYSIM, "run", str(run_cfg), "backend=local", "--plugin", str(plugin_dir / "my_plugin.py"),
+          "--out", str(tmp_path / "cli"), "--quiet"], cwd=tmp_path)
     assert len(pd.read_parquet(tmp_path / "cli" / "rounds.parquet")) == 4
 
     sweep_cfg = plugin_dir / "sweep.yaml"  # `plugins: [my_plugin.py]` is found next to the config
     sweep_cfg.write_text(yaml.safe_dump(_config(
-        plugins=["my_plugin.py"], command="sweep",
+        plugins=["my_plugin.py"], command="sweep", backend="local",
         sweep={"space": {"algorithm.shrink": {"grid": [0.5, 1.0]}}, "metric": "test_accuracy", "mode": "max",
                "concurrency": 1})))
-    _run([*RAYSIM, "sweep", str(sweep_cfg), "--out", str(tmp_path / "sweep"), "--quiet"], cwd=tmp_path)
+    _run([*RAYSIM, "sweep", str(sweep_cfg), "--out", str(tmp_path / "sweep"), "--quiet",
+          "--address", ray_cluster.get_runtime_context().gcs_address], cwd=tmp_path)
     trials = pd.read_parquet(tmp_path / "sweep" / "sweep_results.parquet")
     assert sorted(trials["algorithm.shrink"]) == [0.5, 1.0] and set(trials["status"]) == {"finished"}
 

@@ -186,7 +186,7 @@ class IterativeSketchingFL(LocalSGD):
             if c.round != cstates[0].round or not np.array_equal(c.params, cstates[0].params):
                 raise RuntimeError("client replicas differ: IterativeSketchingFL needs every client in every round")
         plans = [batch_plan(len(d), p.batch_size, p.local_steps, None, r) for d, r in zip(datas, rngs)]
-        bsz, nmax = max(bp.idx.shape[1] for bp in plans), max(len(d) for d in datas)
+        bsz, nmax = self._batch_width(plans), max(len(d) for d in datas)
         on = {"device": self.device}
         x = torch.zeros((k, nmax, *datas[0].x.shape[1:]), dtype=self.dtype, **on)
         y = torch.zeros((k, nmax, *datas[0].y.shape[1:]), dtype=datas[0].y.dtype, **on)

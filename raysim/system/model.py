@@ -72,6 +72,12 @@ class SystemModel:
         c = self.cfg.compute
         return compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate)
 
+    def within_deadline(self, compute_times: np.ndarray) -> np.ndarray:
+        """Which clients finish their compute by the deadline (all of them without one); the one deadline rule."""
+        times = np.asarray(compute_times, dtype=float)
+        deadline = self.cfg.stragglers.deadline
+        return times <= deadline if deadline is not None else np.ones(times.size, dtype=bool)
+
     def stragglers(
         self, clients: np.ndarray, compute_times: np.ndarray, keep: int | None
     ) -> tuple[np.ndarray, float]:
@@ -80,8 +86,7 @@ class SystemModel:
         Returns (dropped, compute phase end): the latest kept time, or the deadline if it was missed.
         """
         times = np.asarray(compute_times, dtype=float)
-        deadline = self.cfg.stragglers.deadline
-        dropped = times > deadline if deadline is not None else np.zeros(times.size, dtype=bool)
+        dropped = ~self.within_deadline(times)
         alive = np.flatnonzero(~dropped)
         if keep is not None and alive.size > keep:
             by_time = alive[np.lexsort((np.asarray(clients)[alive], times[alive]))]
@@ -90,9 +95,8 @@ class SystemModel:
 
     def _compute_phase_end(self, times: np.ndarray, dropped: np.ndarray) -> float:
         """The deadline if any client missed it, else the latest kept compute time (0 if none)."""
-        deadline = self.cfg.stragglers.deadline
-        if deadline is not None and np.any(times > deadline):
-            return float(deadline)
+        if not self.within_deadline(times).all():
+            return float(self.cfg.stragglers.deadline)
         kept = times[~dropped]
         return float(kept.max()) if kept.size else 0.0
 

@@ -9,7 +9,8 @@ def test_cpu_shares_never_exceed_the_cluster(actors):
     r = client_resources(ClusterConfig(), actors, total_cpus=2, total_gpus=0)
     assert actors * r.num_cpus <= 2 and r.num_cpus > 0
     assert r.num_gpus == 0 and r.cuda_memory_fraction is None
-    assert r.torch_threads == max(1, int(2 / actors))
+    assert r.torch_threads == 1  # the default: the same bits in every layout
+    assert client_resources(ClusterConfig(torch_threads=4), actors, 2, 0).torch_threads == max(1, int(2 / actors))
 
 
 def test_fractional_gpu_capped_to_the_same_share():

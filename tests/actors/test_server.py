@@ -1,95 +1,22 @@
-"""The server's round on a real local Ray: stragglers dropped by deadline and over-selection,
-the same drops whatever the actor layout, and `clock: real` really waiting for real stragglers."""
-from dataclasses import dataclass
-
+"""The server actor on a real local Ray: `clock: real` really waiting for real stragglers, and a killed
+client actor restarted with its clients' state."""
 import numpy as np
 import pandas as pd
 import pytest
 
 import raysim
-from pydantic import BaseModel, ConfigDict
-
-from raysim import Algorithm, Cost, Plan, register_algorithm
+from raysim import Cost, register_algorithm
 from raysim.algorithms.fedavg import FedAvg
-from raysim.training import ServerState
-from raysim.system import SystemModel
 from raysim.config import load_config
 from raysim.results import reproducible
+from raysim.system import SystemModel
 
-CFG = {
-    "name": "stragglers",
-    "seed": 11,
-    "data": {"source": "digits", "num_clients": 12},
-    "model": {"name": "logreg"},
-    "algorithm": {"name": "fedavg_counting", "rounds": 5, "clients_per_round": 8, "lr": 0.1,
-                  "local_steps": 4, "batch_size": 5, "weighting": "uniform"},
-    "system": {"compute": {"unit": "batch"}, "comm": {"phi": 2.0}},
-    "cluster": {"num_actors": 2},
-}
-
-
-@dataclass
-class CountingState(ServerState):
-    aggregated: float = 0.0
-
-
-@register_algorithm("fedavg_counting")
-class FedAvgCounting(FedAvg):
-    """FedAvg that reports how many client replies (uniform weight 1 each) it aggregated."""
-
-    def init(self):
-        return CountingState(super().init().params)
-
-    def aggregate(self, state, replies, rng):
-        new, cost = super().aggregate(state, replies, rng)
-        return CountingState(new.params, float(sum(r.weight for r in replies))), cost
-
-    def evaluate(self, state, data):
-        return {**super().evaluate(state, data), "aggregated": state.aggregated}
+from conftest import STRAGGLERS as CFG
 
 
 def run(tmp_path, name, **overrides):
     result = raysim.run(CFG, out=tmp_path / name, **overrides)
     return result.rounds, result.clients
-
-
-def test_deadline_drops_exactly_the_late_clients(ray_cluster, tmp_path):
-    rounds, clients = run(tmp_path, "deadline", system__stragglers__deadline=8.0)
-    np.testing.assert_array_equal(clients["dropped"], clients["compute_time"] > 8.0)
-    assert clients["dropped"].any() and not clients["dropped"].all()
-    kept = clients[~clients["dropped"]].groupby("round").size()
-    np.testing.assert_array_equal(rounds["clients"], kept.reindex(rounds["round"], fill_value=0))
-    np.testing.assert_array_equal(rounds["aggregated"], rounds["clients"])  # dropped replies not aggregated
-    assert (clients.loc[clients["dropped"], "upload_bytes"] == 0).all()
-
-
-def test_over_selection_keeps_the_first_k(ray_cluster, tmp_path):
-    rounds, clients = run(tmp_path, "over", algorithm__clients_per_round=6, system__stragglers__over_select=3)
-    assert (rounds["selected"] == 9).all() and (rounds["clients"] == 6).all()
-    np.testing.assert_array_equal(rounds["aggregated"], 6)
-    for _, r in clients.groupby("round"):
-        assert r["dropped"].sum() == 3
-        assert r.loc[~r["dropped"], "compute_time"].max() <= r.loc[r["dropped"], "compute_time"].min()
-
-
-def test_same_seed_drops_the_same_clients_with_any_actor_count(ray_cluster, tmp_path):
-    over = {"system__stragglers__deadline": 9.0, "system__stragglers__over_select": 2, "algorithm__clients_per_round": 6}
-    _, one = run(tmp_path, "one", cluster__num_actors=1, **over)
-    _, three = run(tmp_path, "three", cluster__num_actors=3, **over)
-    key = ["round", "client_id"]
-    pd.testing.assert_frame_equal(one.sort_values(key).reset_index(drop=True)[key + ["dropped", "compute_time"]],
-                                  three.sort_values(key).reset_index(drop=True)[key + ["dropped", "compute_time"]])
-
-
-def test_gamma_and_sim_time_in_results(ray_cluster, tmp_path):
-    rounds, clients = run(tmp_path, "gamma", system__comm__phi=0.0)
-    np.testing.assert_allclose(rounds["gamma"], 4 * np.arange(1, 6))  # phi = 0: b_t = 4 steps per round
-    rounds, clients = run(tmp_path, "gamma2")
-    np.testing.assert_allclose(rounds["gamma"], (4 + 2.0 * 8) * np.arange(1, 6))  # T (b + phi tau m)
-    per_round = rounds["sim_time"].diff().fillna(rounds["sim_time"].iloc[0])
-    np.testing.assert_allclose(per_round, rounds["round_sim_time"])
-    for r, grp in clients.groupby("round"):
-        assert rounds.set_index("round").loc[r, "round_sim_time"] == pytest.approx(grp["finish_time"].max())
 
 
 def test_real_clock_waits_and_drops_real_stragglers(ray_cluster, tmp_path):
@@ -109,51 +36,6 @@ def test_real_clock_waits_and_drops_real_stragglers(ray_cluster, tmp_path):
     assert all(rounds.set_index("round").loc[r, "round_wall_s"] >= deadline * scale for r in slow_rounds)
     np.testing.assert_array_equal(rounds["aggregated"], rounds["clients"])
 
-
-
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-@register_algorithm("abc_epochs")
-class ABCEpochs(Algorithm):
-    """Cycles the paper's epoch types: B (server computes 5 calls), A (clients compute 3, upload), C (upload only)."""
-
-    Params = NoParams
-
-    def init(self):
-        return 0
-
-    def plan(self, state, round, rng):
-        phase = "BAC"[(round - 1) % 3]
-        clients = np.array([], dtype=np.int64) if phase == "B" else np.arange(self.ctx.clients_per_round)
-        return Plan(clients, phase, phase)
-
-    def step(self, cstate, data, broadcast, rng):
-        calls = 3 if broadcast == "A" else 0
-        return 1.0, cstate, Cost(oracle_calls=calls, oracle_batches=calls, upload_vectors=1.0, upload_bytes=8)
-
-    def aggregate(self, state, replies, rng):
-        server = 5 if not replies else 0
-        return state + 1, Cost(oracle_calls=server, oracle_batches=server)
-
-
-def test_epoch_types_fall_out_of_the_costs(ray_cluster, tmp_path):
-    """Gamma per Definition 1 over B, A, C epochs: 5, 3 + phi*m, phi*m; phases add up in sim time."""
-    phi, m = 2.0, 4
-    result = raysim.run({"name": "abc", "data": {"source": "digits", "num_clients": 6},
-                         "algorithm": {"name": "abc_epochs", "rounds": 6, "clients_per_round": m},
-                         "system": {"comm": {"phi": phi}}, "cluster": {"num_actors": 2}}, out=tmp_path / "abc")
-    rounds = result.rounds.set_index("round")
-    assert list(rounds["phase"]) == list("BACBAC")
-    step = [5, 3 + phi * m, phi * m] * 2
-    np.testing.assert_allclose(rounds["gamma"], np.cumsum(step))
-    np.testing.assert_array_equal(rounds["oracle_calls"], np.cumsum([5, 3 * m, 0] * 2))
-    assert rounds.loc[1, "round_sim_time"] >= 5  # server: 5 * shift + Erlang(5)
-    clients = result.clients
-    c_rounds = clients[clients["round"] % 3 == 0]  # upload only: no compute, finish = upload completion
-    assert (c_rounds["compute_time"] == 0).all() and (c_rounds["upload_time"] > 0).all()
-    assert set(clients["round"]) == {2, 3, 5, 6}
 
 
 @register_algorithm("fedavg_stateful")

@@ -70,7 +70,7 @@ TINY = {
     "model": {"name": "mlp_nobias", "hidden": [16]},
     "algorithm": {"name": "fedfisher", "fisher": "kfac", "rounds": 1, "clients_per_round": 5, "local_epochs": 2,
                   "lr": 0.05, "server_steps": 200, "server_val_size": 100},
-    "cluster": {"num_actors": 2},
+    "backend": "local",
 }
 
 
@@ -83,7 +83,7 @@ def test_method_config_keeps_only_the_keys_a_method_accepts():
 
 
 @pytest.mark.slow  # about 2.5 min: every method through the runtime
-def test_all_methods_end_to_end_on_the_same_local_models(ray_cluster, tmp_path):
+def test_all_methods_end_to_end_on_the_same_local_models(tmp_path):
     methods = ["fedavg", "fisher_merge", "regmean", "fedfisher_diag", "fedfisher_kfac", "otfusion", "pfnm"]
     table = compare(TINY, methods, [0], tmp_path)
     assert list(table["method"]) == methods
@@ -109,7 +109,7 @@ def test_pfnm_uploads_its_model_and_class_counts_and_is_one_shot_only(data):
                      params=PFNM.Params()))
 
 
-def test_pfnm_end_to_end_records_its_widths(ray_cluster, tmp_path):
+def test_pfnm_end_to_end_records_its_widths(tmp_path):
     """Digits, Dirichlet(0.5) over classes, M = 5: the matched model beats chance and its widths are recorded."""
     tree = method_config({**TINY, "algorithm": {**TINY["algorithm"], "local_epochs": 5}}, "pfnm", 0)
     result = run(tree, out=tmp_path, progress=False)

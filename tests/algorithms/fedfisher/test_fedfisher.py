@@ -43,13 +43,13 @@ def test_one_client_returns_its_own_model_and_costs_are_exact(data, fisher):
     assert server_cost.oracle_batches == 300 and server_cost.oracle_calls == 0
 
 
-def test_few_shot_rounds_through_the_runtime(ray_cluster, tmp_path):
+def test_few_shot_rounds_through_the_runtime(tmp_path):
     cfg = {"name": "ff_fewshot", "seed": 2,
            "data": {"source": "digits", "num_clients": 4, "partition": {"kind": "dirichlet_classes", "alpha": 0.3}},
            "model": {"name": "mlp_nobias", "hidden": [16]},
            "algorithm": {"name": "fedfisher", "fisher": "diag", "rounds": 2, "clients_per_round": 4,
                          "local_epochs": 3, "lr": 0.05, "server_steps": 200, "server_val_size": 100},
-           "cluster": {"num_actors": 2}}
+           "backend": "local"}
     result = raysim.run(cfg, out=tmp_path / "few")
     rounds = result.rounds
     assert list(rounds["round"]) == [1, 2]

@@ -44,11 +44,11 @@ def test_reach_takes_the_first_round_within_epsilon():
     assert not reach(rounds, 0.0, 1e-3)["reached"] and np.isnan(reach(rounds, 0.0, 1e-3)["gamma"])
 
 
-def test_fedlrgd_on_ridge_source_through_runtime_is_exact_gd(ray_cluster, tmp_path):
+def test_fedlrgd_on_ridge_source_through_runtime_is_exact_gd(tmp_path):
     """r = p + 1 = 4 on the smooth_ridge source: the run's F(θ_S) equals exact GD's with step 1/L1 (1e-10),
     Γ = r² + r s + r S + φ m r exactly, epochs B, A, C, C, C, B with §7.13's oracle calls."""
     m, s, r, S, phi = 50, 20, 4, 30, 100.0
-    result = raysim.run(RIDGE, {"algorithm.S": S}, out=tmp_path / "run")
+    result = raysim.run(RIDGE, {"algorithm.S": S, "backend": "local"}, out=tmp_path / "run")
     rounds = result.rounds
     assert rounds["phase"].tolist() == ["B", "A", "C", "C", "C", "B"]
     assert rounds["clients"].tolist() == [0, m, m, m, m, 0]

@@ -90,13 +90,13 @@ def test_idx_and_cifar_readers(tmp_path):
     assert x.shape == (15, 3072) and x.max() == 1.0 and y.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5]
 
 
-def test_digits_rank_through_raysim_and_report(ray_cluster, tmp_path):
+def test_digits_rank_through_raysim_and_report(tmp_path):
     """Train the sigmoid MLP on digits with FedAvg through the runtime, measure at k = 10, draw the histogram."""
     from raysim.report import report
 
     out = tmp_path / "rank"
     s = rank_run("configs/fedlrgd/fedlrgd_rank_digits.yaml", out, k=10, num_coords=200,
-                 overrides=["algorithm.rounds=4", "checkpoint.every=2"])
+                 overrides=["algorithm.rounds=4", "checkpoint.every=2", "backend=local"])
     table = pd.read_parquet(out / "rank.parquet")
     assert len(table) == s.coordinates > 100 and table["rank"].between(1, 10).all()
     assert (table["weight"].abs() >= 0.005).all()

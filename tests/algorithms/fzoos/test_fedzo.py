@@ -83,12 +83,12 @@ def test_fedzo_descends_and_acceptance_step_is_monotone_and_charged():
     assert algo.objective.value(plain[-1][0].x) < algo.objective.value(algo.init().x)
 
 
-def test_fedzo_and_scaffold1_through_the_runtime(ray_cluster, tmp_path):
+def test_fedzo_and_scaffold1_through_the_runtime(tmp_path):
     cfg = {"name": "fedzo-tiny", "seed": 2,
            "data": {"source": "blackbox", "num_clients": 3, "partition": {"kind": "natural"}},
            "algorithm": {"name": "zo_scaffold1", "rounds": 4, "clients_per_round": 3, "local_steps": 3,
                          "directions": 4, "objective": {"kind": "quadratic", "dim": 8}},
-           "cluster": {"num_actors": 2, "cpus_per_actor": 1}}
+           "backend": "local"}
     result = raysim.run(cfg, out=tmp_path / "s1").rounds
     assert list(result["phase"]) == ["local", "control"] * 2
     assert result["oracle_calls"].iloc[-1] == 2 * 3 * ((1 + 3 * 5) + 5)

@@ -80,7 +80,7 @@ TINY = {
 
 
 def test_end_to_end_and_same_trajectory_whatever_the_number_of_actors(ray_cluster, tmp_path):
-    """Through the runtime: phases, counters and F; U14: 1 actor vs 2 give bit-identical trajectories."""
+    """Through the runtime: phases, counters and F; U14: 2 actors and the local backend give bit-identical trajectories."""
     two = raysim.run(TINY, out=tmp_path / "two").rounds
     assert list(two["phase"]) == ["local", "surrogate"] * 2
     assert list(two["zo_round"]) == [1, 1, 2, 2]
@@ -89,7 +89,7 @@ def test_end_to_end_and_same_trajectory_whatever_the_number_of_actors(ray_cluste
     assert two["upload_bytes"].iloc[-1] == 2 * 3 * 8 * (10 + 200)
     assert np.allclose(two["gap"], two["objective"] + 0.025 - 0.1 / 10)
     assert two["objective"].iloc[-1] < two["objective"].iloc[0]
-    one = raysim.run(TINY, out=tmp_path / "one", cluster__num_actors=1).rounds
+    one = raysim.run(TINY, out=tmp_path / "one", backend="local").rounds
     for col in ["objective", "oracle_calls", "upload_bytes"]:
         np.testing.assert_array_equal(one[col], two[col])
 

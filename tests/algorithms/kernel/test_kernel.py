@@ -491,7 +491,7 @@ def test_general_kernel_U_shape_matches_spec_table():
 
 # ------------------------------------------------------------------ §6.18: iterates independent of the system
 def test_runtime_iterates_identical_across_actor_counts_and_system_models(ray_cluster, tmp_path):
-    """The real runtime, 1 vs 2 client actors and two system models: identical metrics (so identical
+    """The local backend vs 2 client actors on Ray, with two system models: identical metrics (so identical
     iterates), different simulated clocks; the regression source's truth feeds the error metrics and FG."""
     import raysim
 
@@ -503,7 +503,7 @@ def test_runtime_iterates_identical_across_actor_counts_and_system_models(ray_cl
         "algorithm": {"name": "kernel_fedavg", "rounds": 4, "clients_per_round": 4, "eta": 0.1, "local_steps": 3,
                       "gain_clients": [0, 1]},
     }
-    a = raysim.run(config, {"cluster.num_actors": 1}, out=tmp_path / "a").rounds
+    a = raysim.run(config, {"backend": "local"}, out=tmp_path / "a").rounds
     b = raysim.run(config, {"cluster.num_actors": 2, "system.compute.rate": 0.2, "system.comm.mode": "explicit",
                             "system.comm.nu": 1.5}, out=tmp_path / "b").rounds
     metrics = ["grad_norm_prev", "pred_error_prev", "coef_error", "test_error", "fg_client_0", "fg_client_1"]

@@ -1,0 +1,59 @@
+"""A fixed reduction tree over client ids, so pre-reduced replies sum to the same bits however the
+clients are spread over shards.
+
+The tree is the perfect binary tree over ids 0..2^k-1; a node is an aligned block (start, size).
+A node's value is `combine(left, right)` of its children's values, or the one child that has
+clients, so it depends only on which clients replied and never on who computed it. A shard
+computes the nodes that lie wholly in its own ids; the server completes the tree from them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+Part = tuple[int, int, Any]  # (start, size, value) of an aligned block
+
+
+def root_size(num_clients: int) -> int:
+    """The size of the tree's root block: the least power of two covering every client id."""
+    return 1 << max(num_clients - 1, 0).bit_length()
+
+
+def cover(ids: Iterable[int], num_clients: int) -> list[tuple[int, int]]:
+    """The largest aligned blocks that hold only ids in `ids` and together hold all of them."""
+    blocks, top = [], root_size(num_clients)
+    ordered = sorted(set(ids))
+    i = 0
+    while i < len(ordered):
+        lo = j = ordered[i]
+        while i < len(ordered) and ordered[i] == j:  # one run of consecutive ids [lo, j)
+            i, j = i + 1, j + 1
+        while lo < j:
+            size = lo & -lo if lo else top
+            while size > j - lo:
+                size //= 2
+            blocks.append((lo, size))
+            lo += size
+    return blocks
+
+
+def tree_reduce(parts: list[Part], start: int, size: int, combine: Callable[[Any, Any], Any]) -> Any | None:
+    """The value of block (start, size) from disjoint aligned `parts` (None if none lies in it)."""
+    inside = [p for p in parts if start <= p[0] < start + size]
+    if not inside:
+        return None
+    if len(inside) == 1 and inside[0][1] == size:
+        return inside[0][2]
+    half = size // 2
+    left = tree_reduce(inside, start, half, combine)
+    right = tree_reduce(inside, start + half, half, combine)
+    if left is None or right is None:
+        return right if left is None else left
+    return combine(left, right)
+
+
+def reduce_owned(replies: dict[int, Any], owned: Iterable[int], num_clients: int,
+                 combine: Callable[[Any, Any], Any]) -> list[Part]:
+    """A shard's part of the tree: the value of every block of `cover(owned)` that has replies."""
+    leaves = [(c, 1, r) for c, r in replies.items()]
+    parts = [(s, z, tree_reduce(leaves, s, z, combine)) for s, z in cover(owned, num_clients)]
+    return [p for p in parts if p[2] is not None]

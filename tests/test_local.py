@@ -1,0 +1,66 @@
+"""`backend: local` and Ray give the same numbers, to the last bit, whatever the packing of the
+clients into actors: fedavg and fzoos on 1, 2, 3 and 5 actors (fzoos on 2 and 3 under `-m slow`),
+5 clients, so 5 actors is one client per actor."""
+import pytest
+
+import raysim
+from raysim.config import ConfigError, load_config
+from raysim.results import HOST_COLUMNS
+
+
+FEDAVG = {
+    "name": "packing_fedavg", "seed": 3,
+    "data": {"source": "digits", "num_clients": 5, "partition": {"kind": "dirichlet", "alpha": 0.5}},
+    "model": {"name": "mlp", "hidden": [32]},
+    "algorithm": {"name": "fedavg", "rounds": 6, "clients_per_round": 5, "lr": 0.1, "local_steps": 4, "batch_size": 8},
+    "system": {"compute": {"unit": "batch"}, "stragglers": {"deadline": 10.0}},  # shards drop the late before reducing
+}
+FZOOS = {
+    "name": "packing_fzoos", "seed": 1,
+    "data": {"source": "blackbox", "num_clients": 5, "partition": {"kind": "natural"}},
+    "algorithm": {"name": "fzoos", "rounds": 6, "clients_per_round": 5, "local_steps": 5, "lr": 0.01,
+                  "num_features": 500, "objective": {"kind": "quadratic", "dim": 20, "heterogeneity": 5.0}},
+}
+
+
+def assert_same_numbers(a, b):
+    for table in ("rounds", "clients"):
+        x, y = getattr(a, table), getattr(b, table)
+        assert list(x.columns) == list(y.columns)
+        differ = [c for c in x.columns if c not in HOST_COLUMNS and not x[c].equals(y[c])]
+        assert not differ, f"{table}: {differ} differ"
+
+
+@pytest.mark.parametrize("cfg, layouts", [
+    (FEDAVG, (1, 2, 3, 5)),
+    (FZOOS, (1, 5)),
+    pytest.param(FZOOS, (2, 3), marks=pytest.mark.slow),
+], ids=["fedavg", "fzoos", "fzoos-more"])
+def test_local_and_every_packing_on_ray_give_the_same_bits(ray_cluster, tmp_path, cfg, layouts):
+    local = raysim.run(cfg, out=tmp_path / "local", backend="local")
+    assert local.info["backend"] == "local"
+    if cfg is FEDAVG:
+        assert local.clients["dropped"].any() and not local.clients["dropped"].all()
+    for actors in layouts:
+        on_ray = raysim.run(cfg, out=tmp_path / f"ray{actors}", cluster__num_actors=actors)  # 2 CPUs shared
+        assert on_ray.info["actors"] == actors
+        assert_same_numbers(local, on_ray)
+
+
+def test_local_resumes_from_its_checkpoint_to_the_same_numbers(tmp_path):
+    whole = raysim.run(FEDAVG, out=tmp_path / "whole", backend="local", checkpoint__every=2)
+    part = raysim.run(FEDAVG, out=tmp_path / "part", backend="local", checkpoint__every=2,
+                      on_round=lambda row: row["round"] < 3)  # stops after round 3; round 2's checkpoint stays
+    assert len(part.rounds) == 3
+    resumed = raysim.run(None, resume=tmp_path / "part")
+    assert resumed.info["resumed_from"] == 2
+    assert_same_numbers(whole, resumed)
+
+
+@pytest.mark.parametrize("override, named", [
+    ({"system": {"clock": {"mode": "real"}}}, "system.clock.mode"),
+    ({"faults": [{"round": 1, "actor": 0}]}, "faults"),
+])
+def test_local_refuses_what_needs_actors(override, named):
+    with pytest.raises(ConfigError, match=named):
+        load_config({**FEDAVG, "backend": "local", **override})
