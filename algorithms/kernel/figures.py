@@ -161,7 +161,7 @@ def general(out: Path, **_) -> list[Path]:
     algorithms = {k: v for k, v in ALGORITHMS.items() if k != "FedAvg s=10"}
     tables = run_series(config, out, algorithms=algorithms)
     cfg = load_config(config)
-    p = cfg.data.regression
+    p = cfg.data.source_options()
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
     data = sobolev_model(sizes, p.noise, stream(cfg.seed, SETUP, SERVER, "figure:general"))
     X, truth = np.concatenate(data.x), np.concatenate(data.truth)
@@ -202,7 +202,7 @@ def gain_rows(data, solve: dict, pick: tuple[int, int], extra: dict) -> list[dic
 def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trials: int = 20) -> pd.DataFrame:
     """FG vs Gamma (§5.2); the same draws at every Gamma within a trial (common random numbers)."""
     cfg = load_config(config)
-    p, eta = cfg.data.regression, cfg.algorithm_params().eta
+    p, eta = cfg.data.source_options(), cfg.algorithm_params().eta
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
     rows = []
     for trial in range(trials):
@@ -239,7 +239,7 @@ def fig4_crossings(table: pd.DataFrame) -> pd.DataFrame:
 def fig5_table(config: Path = CONFIGS / "kernel_fig5.yaml", ranks=RANKS, trials: int = 20) -> pd.DataFrame:
     """FG vs the covariate-subspace rank r (§5.4), step proportional to r (Cor. 2): the config's eta at its rank."""
     cfg = load_config(config)
-    p = cfg.data.regression
+    p = cfg.data.source_options()
     eta = cfg.algorithm_params().eta / (p.rank or p.dim)
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
     rows = []
@@ -261,7 +261,7 @@ def l2_gram(degree: int) -> np.ndarray:
 def fig6_table(config: Path = CONFIGS / "kernel_fig6.yaml", per_client=range(1, 11), trials: int = 500) -> pd.DataFrame:
     """Mean over trials of int |f_hat - U_5|^2 dx of each converged model, for n_i = 1..10 (§5.5)."""
     cfg = load_config(config)
-    p, params = cfg.data.regression, cfg.algorithm_params()
+    p, params = cfg.data.source_options(), cfg.algorithm_params()
     M, kernel = cfg.data.num_clients, Monomial(params.degree)
     H = l2_gram(params.degree)
     rows = []

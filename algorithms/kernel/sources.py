@@ -5,7 +5,7 @@ x_i, noisy responses y_i = f_i*(x_i) + sigma xi, the noise-free truth f_i*(x_i),
 finite-rank models, the truth coefficients theta_i*. The figure sweeps call these directly.
 
 As registered data sources (natural partitions: client i is the paper's client i, unbalanced
-sizes `regression.sizes` cycled over the clients) the targets are float64 pairs
+sizes `data.options.sizes` cycled over the clients) the targets are float64 pairs
 y = [response, f_i*(x)]: clients train on the response only; the truth column is the
 evaluation-only oracle of §2.3, so evaluate() measures errors against f* without noise. Each
 client draws extra rows so that after the natural holdout (floor(test_fraction * rows) of each
@@ -16,15 +16,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from raysim.data.sources import Source, register_source
 from raysim.rng import SERVER, SETUP, stream
 
 if TYPE_CHECKING:
-    from raysim.data.config import DataConfig, RegressionConfig
+    from raysim.data.config import DataConfig
+
+class RegressionOptions(BaseModel):
+    """`data.options:` of the regression generators (specs/kernel-fedavg-fedprox.md §5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sizes: list[int] = Field(default_factory=lambda: [500], min_length=1,
+                             description="training samples of client i: sizes[i % len(sizes)] (unbalanced: [50, 500])")
+    dim: int = Field(100, ge=1, description="d of the linear and subspace models")
+    noise: float = Field(0.5, ge=0, description="sigma of the Gaussian response noise")
+    heterogeneity: float = Field(0.0, ge=0, description="Gamma = max_ij ||theta_i* - theta_j*|| (linear model)")
+    heterogeneity_kind: Literal["exact", "radius"] = Field("exact", description="exact: realised Gamma; radius: theta* + Gamma u_i")
+    rank: int | None = Field(None, ge=1, description="r of the subspace model (None: dim)")
+    grid: Literal["midpoint", "left"] = Field("midpoint", description="covariate grid of the polynomial model")
+
+    @field_validator("sizes")
+    @classmethod
+    def _positive(cls, sizes: list[int]) -> list[int]:
+        if min(sizes) < 1:
+            raise ValueError("every client needs at least one sample")
+        return sizes
+
 
 CHEBYSHEV_U5 = np.array([0.0, 6.0, 0.0, -32.0, 0.0, 32.0])  # U_5(x) = 32x^5 - 32x^3 + 6x, monomial basis
 
@@ -59,7 +82,7 @@ def heterogeneous_truths(theta: np.ndarray, num_clients: int, gamma: float, kind
     if gamma == 0.0:
         return np.tile(theta, (num_clients, 1))
     if num_clients < 2:
-        raise ValueError("data.regression.heterogeneity: Gamma > 0 needs at least two clients")
+        raise ValueError("data.options.heterogeneity: Gamma > 0 needs at least two clients")
     spread = max(np.linalg.norm(delta[:, None, :] - delta[None, :, :], axis=2).max(), 1e-300)
     return theta + (gamma / spread) * delta
 
@@ -78,7 +101,7 @@ def subspace_model(sizes, d: int, r: int, sigma: float, rng: np.random.Generator
     """Sec. 6.3: common theta* ~ N(0, I_d); client i draws E_i of r coordinates (uniform, without
     replacement) and rows x ~ N(0, (d/r) I_{E_i}), so E||x||^2 = d at every r."""
     if not 1 <= r <= d:
-        raise ValueError(f"data.regression.rank: must be in [1, dim={d}], got {r}")
+        raise ValueError(f"data.options.rank: must be in [1, dim={d}], got {r}")
     theta = rng.standard_normal(d)
     x = []
     for n in sizes:
@@ -126,10 +149,8 @@ def rows_before_holdout(n: int, fraction: float) -> int:
     return m
 
 
-def _params(cfg: DataConfig) -> RegressionConfig:
-    from raysim.data.config import RegressionConfig
-
-    return cfg.regression or RegressionConfig()
+def _params(cfg: DataConfig) -> RegressionOptions:
+    return cfg.source_options()
 
 
 def _as_source(data: RegressionData) -> Source:
@@ -149,21 +170,21 @@ def _rng(cfg: DataConfig, seed: int) -> np.random.Generator:
     return stream(seed, SETUP, SERVER, f"regression:{cfg.source}")
 
 
-@register_source("linear_regression", natural=True)
+@register_source("linear_regression", natural=True, options=RegressionOptions)
 def linear_regression(cfg: DataConfig, seed: int) -> Source:
     """Linear model with client model heterogeneity Gamma (Secs 6.1-6.2; Figs 1-4)."""
     p = _params(cfg)
     return _as_source(linear_model(_rows(cfg), p.dim, p.noise, p.heterogeneity, p.heterogeneity_kind, _rng(cfg, seed)))
 
 
-@register_source("subspace_regression", natural=True)
+@register_source("subspace_regression", natural=True, options=RegressionOptions)
 def subspace_regression(cfg: DataConfig, seed: int) -> Source:
     """Covariate-subspace model (Sec. 6.3; Fig. 5)."""
     p = _params(cfg)
     return _as_source(subspace_model(_rows(cfg), p.dim, p.rank or p.dim, p.noise, _rng(cfg, seed)))
 
 
-@register_source("polynomial_regression", natural=True)
+@register_source("polynomial_regression", natural=True, options=RegressionOptions)
 def polynomial_regression(cfg: DataConfig, seed: int) -> Source:
     """Polynomial regression, U_5 on disjoint per-client grids (Sec. 6.4; Fig. 6). The holdout
     removes random grid points; the figure sweep uses exact grids of `sizes` points."""
@@ -171,7 +192,7 @@ def polynomial_regression(cfg: DataConfig, seed: int) -> Source:
     return _as_source(polynomial_model(_rows(cfg), p.noise, p.grid, _rng(cfg, seed)))
 
 
-@register_source("sobolev_regression", natural=True)
+@register_source("sobolev_regression", natural=True, options=RegressionOptions)
 def sobolev_regression(cfg: DataConfig, seed: int) -> Source:
     """sin(pi x) on [0, 1] for the Sobolev-1 kernel min(x, z) (§5.6, general kernel)."""
     p = _params(cfg)

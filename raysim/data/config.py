@@ -5,9 +5,9 @@
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raysim.data.partition import NATURAL
 from raysim.data.sources import is_natural, natural_sources
@@ -29,28 +29,6 @@ class PartitionConfig(BaseModel):
     @classmethod
     def _known_kind(cls, kind: str) -> str:
         return PARTITIONERS.check(kind, NATURAL)
-
-
-class RegressionConfig(BaseModel):
-    """The regression generators of raysim/data/regression.py (specs/kernel-fedavg-fedprox.md §5)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sizes: list[int] = Field(default_factory=lambda: [500], min_length=1,
-                             description="training samples of client i: sizes[i % len(sizes)] (unbalanced: [50, 500])")
-    dim: int = Field(100, ge=1, description="d of the linear and subspace models")
-    noise: float = Field(0.5, ge=0, description="sigma of the Gaussian response noise")
-    heterogeneity: float = Field(0.0, ge=0, description="Gamma = max_ij ||theta_i* - theta_j*|| (linear model)")
-    heterogeneity_kind: Literal["exact", "radius"] = Field("exact", description="exact: realised Gamma; radius: theta* + Gamma u_i")
-    rank: int | None = Field(None, ge=1, description="r of the subspace model (None: dim)")
-    grid: Literal["midpoint", "left"] = Field("midpoint", description="covariate grid of the polynomial model")
-
-    @field_validator("sizes")
-    @classmethod
-    def _positive(cls, sizes: list[int]) -> list[int]:
-        if min(sizes) < 1:
-            raise ValueError("every client needs at least one sample")
-        return sizes
 
 
 class DataConfig(BaseModel):
@@ -76,7 +54,8 @@ class DataConfig(BaseModel):
     synthetic_alpha: float = Field(1.0, ge=0, description="model heterogeneity of Synthetic(alpha, beta)")
     synthetic_beta: float = Field(1.0, ge=0, description="data heterogeneity of Synthetic(alpha, beta)")
     mnist1d_samples: int = Field(4000, ge=10, description="rounded down to a multiple of 10 (balanced classes)")
-    regression: RegressionConfig | None = Field(None, description="regression generators' parameters (None: defaults)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the source's own parameters, checked by the"
+                                    " options model it registered (e.g. the kernel family's regression generators)")
 
     @field_validator("source")
     @classmethod
@@ -90,12 +69,24 @@ class DataConfig(BaseModel):
             raise ValueError("must be in the open interval (0, 1)")
         return value
 
+    def source_options(self) -> BaseModel | None:
+        """The source's own parameters, validated by the options model it registered (None: it takes none)."""
+        model = getattr(SOURCES.lookup(self.source), "options", None)
+        return None if model is None else model(**self.options)
+
     def split_seed(self, seed: int) -> int:
         """The seed of the data: `partition_seed` when set (spec fedfisher §8.12 fixes it at 3), else the experiment's."""
         return seed if self.partition_seed is None else self.partition_seed
 
     @model_validator(mode="after")
     def _consistent(self) -> DataConfig:
+        try:
+            if self.source_options() is None and self.options:
+                raise ValueError(f"data.options: source {self.source!r} takes no options")
+        except ValidationError as e:
+            raise ValueError("; ".join(f"data.options.{'.'.join(map(str, x['loc']))}: "
+                                       f"{'unknown field' if x['type'] == 'extra_forbidden' else x['msg']}"
+                                       for x in e.errors())) from None
         if self.source == "parquet" and self.path is None:
             raise ValueError("data.path is required when data.source is 'parquet'")
         if self.partition.kind == NATURAL and not is_natural(self.source):

@@ -72,12 +72,14 @@ class Source:
 SourceLoader = Callable[["DataConfig", int], Source]
 
 
-def register_source(name: str, natural: bool = False) -> Callable[[SourceLoader], SourceLoader]:
+def register_source(name: str, natural: bool = False, options: type | None = None) -> Callable[[SourceLoader], SourceLoader]:
     """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`; `natural` when the
-    source assigns its samples to clients itself (`partition.kind: natural`)."""
+    source assigns its samples to clients itself (`partition.kind: natural`); `options`, a pydantic
+    model of the source's own parameters (`data.options:`, read with `cfg.source_options()`)."""
 
     def wrap(fn: SourceLoader) -> SourceLoader:
         fn.natural = natural  # type: ignore[attr-defined]
+        fn.options = options  # type: ignore[attr-defined]
         SOURCES[name] = fn
         return fn
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from raysim.config import ConfigError, load_config
 from raysim.data import DataConfig, PartitionConfig, build_federated
 
 
@@ -55,3 +56,8 @@ def test_more_clients_than_training_samples_names_num_clients(tmp_path):
     cfg = DataConfig(num_clients=1797)  # valid on its own; only the loaded data shows the problem
     with pytest.raises(ValueError, match=r"data\.num_clients"):
         build_federated(cfg, 0, tmp_path)
+
+
+def test_source_options_are_checked_by_the_source():
+    with pytest.raises(ConfigError, match="data.options: source 'digits' takes no options"):
+        load_config({"data": {"source": "digits", "num_clients": 2, "options": {"dim": 3}}})

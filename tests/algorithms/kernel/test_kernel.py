@@ -498,7 +498,7 @@ def test_runtime_iterates_identical_across_actor_counts_and_system_models(ray_cl
     config = {
         "name": "kernel_system", "seed": 3,
         "data": {"source": "linear_regression", "num_clients": 4, "test_fraction": 0.3, "partition": {"kind": "natural"},
-                 "regression": {"sizes": [8, 30], "dim": 5, "noise": 0.5, "heterogeneity": 0.0}},
+                 "options": {"sizes": [8, 30], "dim": 5, "noise": 0.5, "heterogeneity": 0.0}},
         "model": {"dtype": "float64"},
         "algorithm": {"name": "kernel_fedavg", "rounds": 4, "clients_per_round": 4, "eta": 0.1, "local_steps": 3,
                       "gain_clients": [0, 1]},

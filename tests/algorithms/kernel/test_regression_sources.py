@@ -75,7 +75,7 @@ def test_rows_before_holdout_leave_exactly_n(fraction):
 
 def test_source_through_data_layer_keeps_unbalanced_sizes_float64_and_truth(tmp_path):
     cfg = DataConfig(source="linear_regression", num_clients=4, test_fraction=0.2, partition={"kind": "natural"},
-                     regression={"sizes": [30, 7], "dim": 6, "noise": 0.5})
+                     options={"sizes": [30, 7], "dim": 6, "noise": 0.5})
     fed = build_federated(cfg, 0, tmp_path)
     assert fed.client_sizes.tolist() == [30, 7, 30, 7] and fed.target_shape == (2,) and fed.num_classes == 0
     tx, ty = read_table_arrays(fed.test_path)
@@ -90,9 +90,9 @@ def test_source_through_data_layer_keeps_unbalanced_sizes_float64_and_truth(tmp_
 
 def test_regression_config_errors_name_the_field():
     base = {"data": {"source": "linear_regression", "num_clients": 2, "partition": {"kind": "natural"}}}
-    with pytest.raises(ConfigError, match="data.regression.bogus: unknown field"):
-        load_config({**base, "data": {**base["data"], "regression": {"bogus": 1}}})
-    with pytest.raises(ConfigError, match="data.regression.heterogeneity_kind"):
-        load_config({**base, "data": {**base["data"], "regression": {"heterogeneity_kind": "wide"}}})
-    with pytest.raises(ConfigError, match="data.regression.sizes"):
-        load_config({**base, "data": {**base["data"], "regression": {"sizes": [0, 3]}}})
+    with pytest.raises(ConfigError, match="data.options.bogus: unknown field"):
+        load_config({**base, "data": {**base["data"], "options": {"bogus": 1}}})
+    with pytest.raises(ConfigError, match="data.options.heterogeneity_kind"):
+        load_config({**base, "data": {**base["data"], "options": {"heterogeneity_kind": "wide"}}})
+    with pytest.raises(ConfigError, match="data.options.sizes"):
+        load_config({**base, "data": {**base["data"], "options": {"sizes": [0, 3]}}})
