@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysim.data.config import DataConfig
+from raysim.field_errors import field_errors
 from raysim.models import ModelConfig
 from raysim.plugins import ALGORITHMS, PluginError, load_plugin
 from raysim.sweep_config import SweepConfig
@@ -117,19 +118,6 @@ class ExperimentConfig(BaseModel):
         return actors, math.ceil(n / actors)
 
 
-def _format(err: ValidationError, prefix: str = "") -> list[str]:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "") or "<root>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown field")
-            continue
-        got = e.get("input")
-        shown = f" (got {got!r})" if isinstance(got, (int, float, str, bool, type(None))) else ""
-        lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}{shown}")
-    return lines
-
-
 def _algorithm_problems(section: Any) -> list[str]:
     """The algorithm section checked against the `Params` class its family registered."""
     if not isinstance(section, dict):
@@ -138,7 +126,7 @@ def _algorithm_problems(section: Any) -> list[str]:
         algo = AlgorithmConfig.model_validate(section)
         ALGORITHMS.lookup(algo.name).Params(**algo.hyperparameters())
     except ValidationError as e:
-        return _format(e, "algorithm")
+        return field_errors(e, "algorithm")
     except ValueError as e:
         return [f"algorithm.name: {e}"]
     return []
@@ -214,7 +202,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
     try:
         cfg = ExperimentConfig.model_validate(tree)
     except ValidationError as e:
-        problems = _format(e)
+        problems = field_errors(e)
         problems += [p for p in _algorithm_problems(tree.get("algorithm")) if p not in problems]
         raise ConfigError("invalid experiment config:\n  " + "\n  ".join(problems)) from None
     problems = _check(cfg)

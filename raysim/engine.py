@@ -88,10 +88,11 @@ class RoundEngine:
         costs = [r.costs[i] for r, i in pick]
         times = np.array([r.compute_times[i] for r, i in pick])
         cpu = [r.cpu_seconds[i] for r, i in pick]
+        ids = np.asarray(arrived, dtype=np.int64)
         if self.cfg.system.clock.mode == "real":  # what arrived in real time is kept; the rest is `late`
             dropped = np.zeros(len(arrived), dtype=bool)
         else:
-            dropped, _ = self.system.stragglers(np.asarray(arrived, dtype=np.int64), times, rp.keep)
+            dropped, _ = self.system.stragglers(ids, times, rp.keep)
         if rp.reduce:
             total = tree_reduce([p for r in results for p in r.parts], 0, root_size(self.fed.num_clients),
                                 lambda a, b: self.algo.reduce([a, b]))
@@ -101,8 +102,7 @@ class RoundEngine:
         rng = stream(self.cfg.seed, rp.round, SERVER, "aggregate")
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
         server_time = self.system.server_compute_time(rp.round, server_cost)
-        timing = self.system.close_round(rp.round, np.asarray(arrived, dtype=np.int64), times, costs, server_cost,
-                                         server_time, dropped)
+        timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped)
         return RoundOutcome(arrived, costs, cpu, timing, self.ledger.add(timing, costs, server_cost), sorted(late))
 
     def checkpoint_due(self, round: int) -> bool:

@@ -51,9 +51,8 @@ def tree_reduce(parts: list[Part], start: int, size: int, combine: Callable[[Any
     return combine(left, right)
 
 
-def reduce_owned(replies: dict[int, Any], owned: Iterable[int], num_clients: int,
-                 combine: Callable[[Any, Any], Any]) -> list[Part]:
-    """A shard's part of the tree: the value of every block of `cover(owned)` that has replies."""
+def reduce_owned(replies: dict[int, Any], blocks: list[tuple[int, int]], combine: Callable[[Any, Any], Any]) -> list[Part]:
+    """A shard's part of the tree: the value of every block it owns (`cover` of its ids) that has replies."""
     leaves = [(c, 1, r) for c, r in replies.items()]
-    parts = [(s, z, tree_reduce(leaves, s, z, combine)) for s, z in cover(owned, num_clients)]
+    parts = [(s, z, tree_reduce(leaves, s, z, combine)) for s, z in blocks]
     return [p for p in parts if p[2] is not None]

@@ -16,7 +16,7 @@ from raysim.contract import ClientData
 from raysim.data import FederatedData, read_clients
 from raysim.experiment import Experiment
 from raysim.models import DTYPES
-from raysim.reduction import Part, reduce_owned
+from raysim.reduction import Part, cover, reduce_owned
 from raysim.rng import SERVER, stream
 from raysim.system import SystemModel
 
@@ -54,6 +54,7 @@ class ClientShard:
             for c, (x, y) in read_clients(self.fed.train_path, clients).items()
         }
         self.shard, self.clients = shard, clients
+        self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
         self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
@@ -113,7 +114,7 @@ class ClientShard:
         parts: list[Part] = []
         if reduce:
             kept = self.system.within_deadline(times)
-            parts = reduce_owned({c: r for c, r, k in zip(clients, replies, kept) if k}, self.clients,
-                                 self.fed.num_clients, lambda a, b: self.algo.reduce([a, b]))
+            parts = reduce_owned({c: r for c, r, k in zip(clients, replies, kept) if k}, self.blocks,
+                                 lambda a, b: self.algo.reduce([a, b]))
             replies = []
         return ShardResult(clients, costs, times.tolist(), replies, cpu, parts)

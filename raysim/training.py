@@ -177,6 +177,8 @@ class LocalSGD(Algorithm):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.module, self.spec, self.dtype, self.device = placed_model(ctx)
+        largest = int(np.max(ctx.client_sizes))
+        self.batch_width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
         self._grad = grad(self._loss)
         self._vgrad = vmap(self._grad)
 
@@ -240,11 +242,9 @@ class LocalSGD(Algorithm):
 
     def _batch_width(self, plans: list[BatchPlan]) -> int:
         """The padded minibatch width of a vectorized step: the batch size, or the largest client's size
-        under full batches. The same in every shard, so a client's sums run over the same width (and
-        give the same bits) whichever clients share its shard."""
-        largest = int(np.max(self.ctx.client_sizes))
-        width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
-        return max(width, *(p.idx.shape[1] for p in plans))
+        under full batches (`batch_width`). The same in every shard, so a client's sums run over the
+        same width (and give the same bits) whichever clients share its shard."""
+        return max(self.batch_width, *(p.idx.shape[1] for p in plans))
 
     def step_many(self, cstates: list, datas: list[ClientData], broadcast: Broadcast | np.ndarray, rngs: list):
         """All clients of a shard at once: stacked parameters, vmap of the per-sample-batch gradient

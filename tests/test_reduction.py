@@ -29,17 +29,17 @@ def test_any_split_into_shards_gives_the_same_bits(n, per_round):
     clients = rng.choice(n, size=per_round, replace=False).tolist()
     replies = {c: values[c] for c in clients}
     root = root_size(n)
-    one = tree_reduce(reduce_owned(replies, range(n), n, add), 0, root, add)
+    one = tree_reduce(reduce_owned(replies, cover(range(n), n), add), 0, root, add)
     for per_shard in (1, 2, 3, 7, n):
         parts = []
         for lo in range(0, n, per_shard):
             owned = range(lo, min(n, lo + per_shard))
-            parts += reduce_owned({c: r for c, r in replies.items() if c in owned}, owned, n, add)
+            parts += reduce_owned({c: r for c, r in replies.items() if c in owned}, cover(owned, n), add)
         np.testing.assert_array_equal(tree_reduce(parts, 0, root, add), one)
     in_order = np.sum([replies[c] for c in sorted(clients)], axis=0, dtype=np.float32)
     np.testing.assert_allclose(one, in_order, rtol=1e-5, atol=1e-5 * np.abs(in_order).max())
 
 
 def test_no_replies_reduce_to_nothing():
-    assert reduce_owned({}, range(4), 8, add) == []
+    assert reduce_owned({}, cover(range(4), 8), add) == []
     assert tree_reduce([], 0, 8, add) is None

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from raysim.data.partition import NATURAL
 from raysim.data.sources import is_natural, natural_sources
+from raysim.field_errors import field_errors
 from raysim.plugins import PARTITIONERS, SOURCES
 
 
@@ -84,9 +85,7 @@ class DataConfig(BaseModel):
             if self.source_options() is None and self.options:
                 raise ValueError(f"data.options: source {self.source!r} takes no options")
         except ValidationError as e:
-            raise ValueError("; ".join(f"data.options.{'.'.join(map(str, x['loc']))}: "
-                                       f"{'unknown field' if x['type'] == 'extra_forbidden' else x['msg']}"
-                                       for x in e.errors())) from None
+            raise ValueError("; ".join(field_errors(e, "data.options"))) from None
         if self.source == "parquet" and self.path is None:
             raise ValueError("data.path is required when data.source is 'parquet'")
         if self.partition.kind == NATURAL and not is_natural(self.source):
