@@ -8,8 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="raysim: federated optimization on Ray.")
-console = Console(soft_wrap=True)  # one error, one line: never wrapped at the terminal width
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+                  help="raysim: federated optimization on Ray. A mistake in the input is one line and exit status 2;"
+                       " add --debug anywhere (or set RAYSIM_DEBUG=1) for the traceback.")
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)  # one error, one line: never wrapped at the terminal width
 
 
 @app.command()
@@ -23,20 +26,16 @@ def run(
     plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
     """Run an experiment and write its results (or --resume an interrupted one)."""
-    from raysim.config import ConfigError
+    from raysim.errors import UserError
     from raysim.runner import run as run_experiment
 
     if (config is None) == (resume is None):
-        console.print("[red]give either CONFIG or --resume RUN_DIR[/red]")
-        raise typer.Exit(2)
+        raise UserError("give either CONFIG or --resume RUN_DIR" if config is None else
+                        "give either CONFIG or --resume RUN_DIR, not both (a resumed run uses the config saved with it)")
     _load(plugin)
     if config is not None:
         _require_command(config, "run", "sweep")
-    try:
-        result = run_experiment(config, overrides or [], address=address, out=out, progress=not quiet, resume=resume)
-    except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    result = run_experiment(config, overrides or [], address=address, out=out, progress=not quiet, resume=resume)
     last = result.rounds.iloc[-1]
     metrics = "  ".join(f"{k}={last[k]:.4f}" for k in ("test_accuracy", "test_loss", "train_loss") if k in last)
     steady = result.rounds["round_wall_s"].iloc[1:].mean() if len(result.rounds) > 1 else float("nan")
@@ -65,16 +64,11 @@ def sweep(
     plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
     """Run a Ray Tune search over the sweep: section; one simulation per trial."""
-    from raysim.config import ConfigError
     from raysim.sweep import run_sweep, summary_table
 
     _load(plugin)
     _require_command(config, "sweep", "run")
-    try:
-        result = run_sweep(config, overrides or [], address=address, out=out, verbose=0 if quiet else 1)
-    except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    result = run_sweep(config, overrides or [], address=address, out=out, verbose=0 if quiet else 1)
     console.print(summary_table(result))
     console.print(f"results: {result.sweep_dir / 'sweep_results.parquet'}")
     if result.best is None:
@@ -98,26 +92,22 @@ def list_(plugin: Optional[List[str]] = typer.Option(None, help="also load this 
 
 
 def _load(specs: list[str] | None) -> None:
-    """Import `--plugin` modules or files; a bad one is one line and exit status 2."""
-    from raysim.plugins import PluginError, load_plugin
+    """Import `--plugin` modules or files (a bad one raises PluginError, which names it)."""
+    from raysim.plugins import load_plugin
 
     for spec in specs or []:
-        try:
-            load_plugin(spec)
-        except PluginError as e:
-            console.print(f"[red]--plugin: {e}[/red]")
-            raise typer.Exit(2)
+        load_plugin(spec)
 
 
 def _require_command(config: Path, *accepted: str) -> None:
     """A config file declares the command that runs it (`command:`, default run); another command
     answers in one line with the one to use."""
     from raysim.config import declared_command
+    from raysim.errors import ConfigError
 
     declared = declared_command(config)
     if declared is not None and declared not in accepted:
-        console.print(f"[red]{config} is for `raysim {declared}`: run `raysim {declared} {config}`[/red]")
-        raise typer.Exit(2)
+        raise ConfigError(f"the file is for `raysim {declared}`: run `raysim {declared} {config}`", str(config))
 
 
 def _argv_plugins(argv: list[str]) -> list[str]:
@@ -144,16 +134,32 @@ def add_plugin_commands(argv: list[str] | None = None) -> typer.Typer:
     return app
 
 
-def main() -> None:
-    """The `raysim` console script."""
+def main(argv: list[str] | None = None) -> int:
+    """The `raysim` console script; returns the exit status.
+
+    A user's mistake (`raysim.errors.UserError`) is one line on stderr and status 2, a diverged run
+    one line and status 1; `--debug` anywhere on the command line, or RAYSIM_DEBUG=1, shows the traceback.
+    """
+    import os
     import sys
 
+    from raysim.errors import DivergenceError, UserError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("RAYSIM_DEBUG", "") not in ("", "0")
+    args = [a for a in args if a != "--debug"]
     try:
-        add_plugin_commands(sys.argv[1:])
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    app()
+        add_plugin_commands(args)
+        app(args=args, prog_name="raysim")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except (UserError, DivergenceError) as e:
+        if debug:
+            raise
+        errors.print(f"error: {e}", style="red", markup=False, highlight=False)
+        return 2 if isinstance(e, UserError) else 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -14,15 +14,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysim.data.config import DataConfig
+from raysim.errors import ConfigError, PluginError
 from raysim.field_errors import field_errors
 from raysim.models import ModelConfig
-from raysim.plugins import ALGORITHMS, PluginError, load_plugin
+from raysim.plugins import ALGORITHMS, load_plugin
 from raysim.sweep_config import SweepConfig
 from raysim.system.config import SystemConfig
-
-
-class ConfigError(ValueError):
-    """An invalid experiment file; the message has one line per problem, each naming its field."""
 
 
 class AlgorithmConfig(BaseModel):
@@ -178,22 +175,40 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key.sub=value")
     key, raw = item.split("=", 1)
-    return key.strip(), yaml.safe_load(raw)
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key.strip()}: {raw!r} is not a YAML value ({_yaml_problem(e)})") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML parser error as one phrase with its line and column (1-based)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[str] | dict | None = None) -> ExperimentConfig:
     """Read, override and validate an experiment; raises ConfigError naming every bad field."""
+    where = str(source) if isinstance(source, (str, Path)) else None
     if isinstance(source, ExperimentConfig):
         tree = source.model_dump(mode="json")
     elif isinstance(source, dict):
         tree = copy.deepcopy(source)
     else:
         path = Path(source)
-        if not path.exists():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        tree = yaml.safe_load(path.read_text()) or {}
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist" if not path.exists()
+                              else f"config file {str(path)!r} is not a file")
+        try:
+            tree = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            what = _yaml_problem(e) if isinstance(e, yaml.YAMLError) else "not UTF-8 text"
+            raise ConfigError(f"not valid YAML: {what}", str(path)) from None
+        if tree is None:
+            raise ConfigError("the file is empty; an experiment needs at least data: (source, num_clients)", str(path))
         if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+            raise ConfigError("the top level must be a mapping of sections (data:, model:, algorithm:, ...)", str(path))
         if isinstance(tree.get("plugins"), list):  # a plugin file next to the config is found from anywhere
             tree["plugins"] = [str(path.parent / s) if isinstance(s, str) and s.endswith(".py") and (path.parent / s).is_file()
                                else s for s in tree["plugins"]]
@@ -204,10 +219,10 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
     except ValidationError as e:
         problems = field_errors(e)
         problems += [p for p in _algorithm_problems(tree.get("algorithm")) if p not in problems]
-        raise ConfigError("invalid experiment config:\n  " + "\n  ".join(problems)) from None
+        raise ConfigError(problems, where) from None
     problems = _check(cfg)
     if problems:
-        raise ConfigError("invalid experiment config:\n  " + "\n  ".join(problems))
+        raise ConfigError(problems, where)
     return cfg
 
 

@@ -20,12 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from raysim.errors import PluginError
+
 ENTRY_POINTS = "raysim.plugins"
 T = TypeVar("T")
-
-
-class PluginError(ValueError):
-    """A plugin that cannot be found or imported; the message names it."""
 
 
 class Registry(dict):
@@ -120,16 +118,25 @@ def load_plugin(spec: str) -> ModuleType:
         sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except BaseException:
+        except Exception as e:
             del sys.modules[name]
-            raise
+            raise PluginError(f"plugin {spec!r}: importing it failed: {_import_problem(e)}") from e
         return module
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as e:
         if e.name and spec.startswith(e.name):
             raise PluginError(f"plugin {spec!r}: no module of that name (give a module on sys.path or a .py file)") from None
-        raise
+        raise PluginError(f"plugin {spec!r}: importing it failed: {_import_problem(e)}") from e
+    except Exception as e:
+        raise PluginError(f"plugin {spec!r}: importing it failed: {_import_problem(e)}") from e
+
+
+def _import_problem(err: Exception) -> str:
+    """The exception a plugin's import raised, in a phrase (with file and line for a syntax error)."""
+    if isinstance(err, SyntaxError):
+        return f"SyntaxError: {err.msg} ({Path(err.filename or '?').name}, line {err.lineno})"
+    return f"{type(err).__name__}: {err}"
 
 
 def _is_builtin(obj: Any) -> bool:

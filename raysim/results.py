@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from raysim.errors import RunDirError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -80,7 +82,7 @@ class RunResult:
 
         run_dir = Path(run_dir)
         if not (run_dir / "rounds.parquet").exists():
-            raise FileNotFoundError(f"{run_dir} has no rounds.parquet: not a raysim run directory")
+            raise RunDirError(f"{run_dir} has no rounds.parquet: not a raysim run directory")
         info_path = run_dir / "run.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
         clients_path = run_dir / "clients.parquet"

@@ -4,6 +4,7 @@ every round, and stop cleanly on errors."""
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,13 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raysim import checkpoint
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
+from raysim.errors import DivergenceError, RunDirError, UserError
 from raysim.experiment import Experiment
 from raysim.local import LocalServer
 from raysim.results import RunResult, RunWriter, new_run_dir, write_text
-
-
-class DivergenceError(RuntimeError):
-    """A metric became NaN or infinite; the rounds before it are saved."""
 
 
 def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
@@ -79,6 +77,16 @@ def _check_finite(row: dict) -> None:
                               "the run diverged (try a smaller algorithm.lr). Finished rounds are saved.")
 
 
+def _first_new_parent(path: Path) -> Path | None:
+    """The outermost directory that creating `path` would make (None: `path` exists already)."""
+    new = None
+    for p in [path, *path.parents]:
+        if p.exists():
+            return new
+        new = p
+    return new
+
+
 def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str] | dict | None = None, *,
         address: str | None = None, out: str | Path | None = None, progress: bool = False,
         on_round: Callable[[dict], bool | None] | None = None, resume: str | Path | None = None,
@@ -96,14 +104,17 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / "config.yaml").exists():
-            raise FileNotFoundError(f"--resume: {run_dir} has no config.yaml: not a raysim run directory")
+            what = "does not exist" if not run_dir.exists() else "has no config.yaml"
+            raise RunDirError(f"--resume: {run_dir} {what}: not a raysim run directory")
         cfg = load_config(run_dir / "config.yaml", items)
         found = checkpoint.latest(run_dir)
         done = found[0] if found else 0
+        created = None
     else:
         done = 0
         cfg = load_config(config, items)
         run_dir = Path(out) if out is not None else new_run_dir(cfg.name)
+        created = _first_new_parent(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     write_text(dump_config(cfg), run_dir / "config.yaml")
     writer = RunWriter(run_dir, resume_round=done if resume is not None else None)
@@ -141,7 +152,10 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
         stopped = len(writer.rounds) < cfg.algorithm.rounds
         writer.status(status="stopped" if stopped else "finished", rounds_done=len(writer.rounds))
     except BaseException as e:
-        writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
+        if isinstance(e, UserError) and created is not None and not writer.rounds:
+            shutil.rmtree(created, ignore_errors=True)  # a mistake in the input and nothing ran: leave no directory
+        else:
+            writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
         raise
     finally:
         if server is not None:

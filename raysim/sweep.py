@@ -41,7 +41,7 @@ def trial_resources(cfg: ExperimentConfig, cpus: float, gpus: float) -> TrialRes
     asks for exactly these bundles whatever the whole Ray cluster holds.
     """
     from raysim.actors.placement import client_resources
-    from raysim.config import ConfigError
+    from raysim.errors import ConfigError
 
     n_actors, _ = cfg.actor_layout(max(1, int(cpus)))
     share = cfg.cluster.cpus_per_actor or cpus / (n_actors + 1)
@@ -66,7 +66,8 @@ def base_tree(cfg: ExperimentConfig) -> dict:
 def check_space(cfg: ExperimentConfig) -> list[ExperimentConfig]:
     """One validated config per point of each dimension (every grid/choice value, both bounds and a
     draw of a range); a ConfigError names every bad key and value."""
-    from raysim.config import ConfigError, load_config
+    from raysim.config import load_config
+    from raysim.errors import ConfigError
 
     tree = base_tree(cfg)
     rng = np.random.default_rng(cfg.seed)
@@ -79,16 +80,15 @@ def check_space(cfg: ExperimentConfig) -> list[ExperimentConfig]:
             try:
                 configs.append(load_config(tree, {key: value}))
             except ConfigError as e:
-                detail = str(e).removeprefix("invalid experiment config:").strip()
-                problems.append(f"sweep.space.{key}: value {value!r} is invalid: {detail}")
+                problems.append(f"sweep.space.{key}: value {value!r} is invalid: {'; '.join(e.problems)}")
     if problems:
-        raise ConfigError("invalid sweep:\n  " + "\n  ".join(problems))
+        raise ConfigError(problems)
     return configs
 
 
 def trial_budget(sweep: SweepConfig, points: list[ExperimentConfig], total: dict[str, float]) -> tuple[float, float]:
     """(CPUs, GPUs) per trial on a cluster with `total` resources, checked against every point's layout."""
-    from raysim.config import ConfigError
+    from raysim.errors import ConfigError
 
     cluster_cpus, cluster_gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
     cpus = sweep.trial_cpus or (cluster_cpus / sweep.concurrency if sweep.concurrency else 1.0)
@@ -200,7 +200,8 @@ def run_sweep(config: str | Path | dict, overrides: list[str] | dict | None = No
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from raysim import plugins
-    from raysim.config import ConfigError, dump_config, load_config
+    from raysim.config import dump_config, load_config
+    from raysim.errors import ConfigError
     from raysim.runner import ensure_ray
 
     cfg = load_config(config, overrides)

@@ -10,7 +10,7 @@ import raysim
 from raysim import Algorithm, register_algorithm
 from raysim.algorithms.fedavg import FedAvg
 from raysim.results import reproducible
-from raysim.runner import DivergenceError
+from raysim.errors import DivergenceError
 
 SMALL = {
     "name": "small",

@@ -18,6 +18,7 @@ import numpy as np
 from raysim.algorithms.fedlrgd import nets  # noqa: F401  (registers the `linear` model these problems use)
 from raysim.data.config import DataConfig
 from raysim.data.sources import Source, register_source
+from raysim.errors import DataError
 from raysim.rng import SERVER, SETUP, stream
 
 
@@ -25,7 +26,7 @@ def _per_client(cfg: DataConfig) -> int:
     """Samples generated per client; enough that each keeps `partition.min_size` after the hold-out."""
     s = cfg.synthetic_samples // cfg.num_clients
     if s - math.floor(cfg.test_fraction * s) < cfg.partition.min_size:
-        raise ValueError(f"data.synthetic_samples: {cfg.synthetic_samples} samples over data.num_clients="
+        raise DataError(f"data.synthetic_samples: {cfg.synthetic_samples} samples over data.num_clients="
                          f"{cfg.num_clients} leave fewer than partition.min_size={cfg.partition.min_size} "
                          f"training samples per client after the test hold-out")
     return s
@@ -40,7 +41,7 @@ def smooth_logistic(cfg: DataConfig, seed: int) -> Source:
     """§5.2 B: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
     p = cfg.synthetic_features
     if p < 2:
-        raise ValueError(f"data.synthetic_features: smooth_logistic needs p >= 2 features, got {p}")
+        raise DataError(f"data.synthetic_features: smooth_logistic needs p >= 2 features, got {p}")
     s = _per_client(cfg)
     rng = stream(seed, SETUP, SERVER, "smooth_logistic")
     n = s * cfg.num_clients

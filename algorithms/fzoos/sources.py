@@ -15,6 +15,7 @@ import numpy as np
 from raysim.data.config import DataConfig
 from raysim.data.partition import NATURAL
 from raysim.data.sources import Source, register_source
+from raysim.errors import DataError
 from raysim.rng import SERVER, SETUP, stream
 
 MIXTURE_SEPARATION = 0.3  # std of the class means per feature; unit-variance classes overlap (~80% accuracy)
@@ -24,7 +25,7 @@ MIXTURE_SEPARATION = 0.3  # std of the class means per feature; unit-variance cl
 def blackbox(cfg: DataConfig, seed: int) -> Source:
     """One row per client, client i's row naming client i; the objective lives in `algorithm.objective`."""
     if cfg.partition.kind != NATURAL:
-        raise ValueError(f"data.partition.kind: source 'blackbox' has one row per client and needs "
+        raise DataError(f"data.partition.kind: source 'blackbox' has one row per client and needs "
                          f"'natural', not {cfg.partition.kind!r}")
     n = cfg.num_clients
     return Source(np.zeros((n, 1), dtype=np.float32), np.zeros(n, dtype=np.int64), (1,), 1,
@@ -50,7 +51,7 @@ def covtype(cfg: DataConfig, seed: int) -> Source:
     try:
         data = fetch_covtype(download_if_missing=False)
     except OSError:
-        raise ValueError("data.source: 'covtype' is not in the local scikit-learn data home and is never "
+        raise DataError("data.source: 'covtype' is not in the local scikit-learn data home and is never "
                          "downloaded here; use 'gaussian_mixture' (the stand-in of specs/fzoos.md §7.4)") from None
     x = data.data
     x = (x - x.mean(0)) / np.where(x.std(0) > 0, x.std(0), 1.0)

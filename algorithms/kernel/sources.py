@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from raysim.data.sources import Source, register_source
+from raysim.errors import DataError
 from raysim.rng import SERVER, SETUP, stream
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def heterogeneous_truths(theta: np.ndarray, num_clients: int, gamma: float, kind
     if gamma == 0.0:
         return np.tile(theta, (num_clients, 1))
     if num_clients < 2:
-        raise ValueError("data.options.heterogeneity: Gamma > 0 needs at least two clients")
+        raise DataError("data.options.heterogeneity: Gamma > 0 needs at least two clients")
     spread = max(np.linalg.norm(delta[:, None, :] - delta[None, :, :], axis=2).max(), 1e-300)
     return theta + (gamma / spread) * delta
 
@@ -101,7 +102,7 @@ def subspace_model(sizes, d: int, r: int, sigma: float, rng: np.random.Generator
     """Sec. 6.3: common theta* ~ N(0, I_d); client i draws E_i of r coordinates (uniform, without
     replacement) and rows x ~ N(0, (d/r) I_{E_i}), so E||x||^2 = d at every r."""
     if not 1 <= r <= d:
-        raise ValueError(f"data.options.rank: must be in [1, dim={d}], got {r}")
+        raise DataError(f"data.options.rank: must be in [1, dim={d}], got {r}")
     theta = rng.standard_normal(d)
     x = []
     for n in sizes:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from raysim.data.config import DataConfig
 from raysim.data.partition import NATURAL, apportion, partition, sample_per_group
 from raysim.data.sources import load_source
+from raysim.errors import DataError
 from raysim.rng import SERVER, SETUP, stream
 
 ROW_GROUP_BYTES = 1 << 20
@@ -157,12 +158,12 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     src = load_source(cfg, seed)
     natural = cfg.partition.kind == NATURAL
     if src.regression and cfg.partition.kind in LABEL_PARTITIONERS:
-        raise ValueError(f"data.partition.kind: {cfg.partition.kind!r} skews class labels, but source "
+        raise DataError(f"data.partition.kind: {cfg.partition.kind!r} skews class labels, but source "
                          f"{cfg.source!r} has float targets; use iid, quantity or natural")
     labels = np.zeros(len(src.y), dtype=np.int64) if src.regression else src.y
     if cfg.test_split == "source":
         if src.test_mask is None:
-            raise ValueError(f"data.test_split: source {cfg.source!r} has no test split of its own; "
+            raise DataError(f"data.test_split: source {cfg.source!r} has no test split of its own; "
                              f"use 'holdout' (allowed: holdout, source)")
         test = src.test_mask
     else:
@@ -172,7 +173,7 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     num_train, num_test = int(train.sum()), int(test.sum())
     need = cfg.num_clients * cfg.partition.min_size
     if num_train < need:
-        raise ValueError(
+        raise DataError(
             f"data.num_clients: {cfg.num_clients} clients x data.partition.min_size={cfg.partition.min_size} "
             f"need {need} training samples, but source {cfg.source!r} has {len(src.y)} samples of which "
             f"{num_test} are held out for testing, leaving {num_train}")

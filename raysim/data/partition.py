@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from raysim.errors import DataError
 from raysim.plugins import PARTITIONERS
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def apportion(total: int, weights: np.ndarray, minimum: int = 0) -> np.ndarray:
     weights = np.asarray(weights, dtype=np.float64)
     rest = total - minimum * len(weights)
     if rest < 0:
-        raise ValueError(f"cannot give {len(weights)} parts at least {minimum} each out of {total}")
+        raise DataError(f"cannot give {len(weights)} parts at least {minimum} each out of {total}")
     if weights.sum() <= 0:
         weights = np.ones_like(weights)
     exact = rest * weights / weights.sum()
@@ -82,15 +83,15 @@ def partition(
     labels = np.asarray(labels)
     n = len(labels)
     if n < num_clients * cfg.min_size:
-        raise ValueError(
+        raise DataError(
             f"data.num_clients: {num_clients} clients x partition.min_size={cfg.min_size} "
             f"needs {num_clients * cfg.min_size} training samples, only {n} exist")
     if cfg.kind == NATURAL:
         if natural is None:
-            raise ValueError("data.partition.kind: 'natural' needs a source that assigns samples to clients")
+            raise DataError("data.partition.kind: 'natural' needs a source that assigns samples to clients")
         found = np.unique(natural)
         if not np.array_equal(found, np.arange(num_clients)):
-            raise ValueError(f"data.num_clients: is {num_clients} but the source's natural partition "
+            raise DataError(f"data.num_clients: is {num_clients} but the source's natural partition "
                              f"has {len(found)} clients")
         ids = np.asarray(natural, dtype=np.int64)
     else:
@@ -99,7 +100,7 @@ def partition(
         raise ValueError(f"partitioner {cfg.kind!r} must return one client id in [0, {num_clients}) per sample")
     sizes = np.bincount(ids, minlength=num_clients)
     if sizes.min() < cfg.min_size:
-        raise ValueError(
+        raise DataError(
             f"data.partition.min_size: partition {cfg.kind!r} gives client {int(sizes.argmin())} only "
             f"{int(sizes.min())} training samples, fewer than min_size={cfg.min_size}")
     return ids
@@ -123,7 +124,7 @@ def shards(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.r
     """Label shards (McMahan et al.): sort by label, cut num_clients*shards_per_client shards, deal them."""
     count = num_clients * cfg.shards_per_client
     if len(labels) < count:
-        raise ValueError(f"data.partition.shards_per_client: {count} shards need at least {count} "
+        raise DataError(f"data.partition.shards_per_client: {count} shards need at least {count} "
                          f"training samples, only {len(labels)} exist")
     order = rng.permutation(len(labels))
     order = order[np.argsort(labels[order], kind="stable")]
@@ -170,7 +171,7 @@ def dirichlet_classes(labels: np.ndarray, num_clients: int, cfg: PartitionConfig
             ids[rows] = np.repeat(np.arange(num_clients), np.diff(cuts, prepend=0, append=len(rows)))
         if np.bincount(ids, minlength=num_clients).min() >= cfg.min_size:
             return ids
-    raise ValueError(f"data.partition.alpha: {DIRICHLET_TRIES} Dirichlet({cfg.alpha}) draws all left a client with "
+    raise DataError(f"data.partition.alpha: {DIRICHLET_TRIES} Dirichlet({cfg.alpha}) draws all left a client with "
                      f"fewer than min_size={cfg.min_size} samples; raise alpha or lower min_size")
 
 

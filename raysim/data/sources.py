@@ -10,6 +10,7 @@ import math
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raysim.data.partition import NATURAL, apportion
+from raysim.errors import DataError
 from raysim.plugins import SOURCES
 from raysim.rng import SERVER, SETUP, stream
 
@@ -157,7 +159,7 @@ def synthetic(cfg: DataConfig, seed: int) -> Source:
     k, d, c = cfg.num_clients, cfg.synthetic_features, cfg.synthetic_classes
     minimum = math.ceil(cfg.partition.min_size / (1 - cfg.test_fraction))
     if cfg.synthetic_samples < k * minimum:
-        raise ValueError(f"data.synthetic_samples: {cfg.synthetic_samples} samples cannot give "
+        raise DataError(f"data.synthetic_samples: {cfg.synthetic_samples} samples cannot give "
                          f"data.num_clients={k} clients {minimum} samples each")
     sizes = apportion(cfg.synthetic_samples, rng.lognormal(4.0, 2.0, k) + 50.0, minimum)
     u = rng.normal(0.0, cfg.synthetic_alpha, (k, c))
@@ -192,7 +194,7 @@ def _feature_matrix(column: pa.ChunkedArray, name: str) -> np.ndarray:
         return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
     lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
     if len(lengths) and lengths.min() != lengths.max():
-        raise ValueError(f"data.feature_columns: list column {name!r} has rows of different lengths")
+        raise DataError(f"data.feature_columns: list column {name!r} has rows of different lengths")
     flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
     return flat.reshape(len(arr), -1)
 
@@ -212,10 +214,15 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
     Feature columns default to every numeric (or numeric-list) column other than the label and
     client columns. Client ids are renumbered 0..K-1 in sorted order of their values.
     """
-    table = pq.read_table(cfg.path, memory_map=True)
+    if not Path(cfg.path).is_file():
+        raise DataError(f"data.path: {cfg.path!r} is not a file (source 'parquet' reads one Parquet file)")
+    try:
+        table = pq.read_table(cfg.path, memory_map=True)
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"data.path: cannot read {cfg.path} as Parquet ({str(e).splitlines()[0]})") from e
     names = table.column_names
     if cfg.label_column not in names:
-        raise ValueError(f"data.label_column: no column {cfg.label_column!r} in {cfg.path} (columns: {names})")
+        raise DataError(f"data.label_column: no column {cfg.label_column!r} in {cfg.path} (columns: {names})")
     if cfg.feature_columns is None:
         features = [n for n in names
                     if n not in (cfg.label_column, cfg.client_column) and _is_feature(table.schema.field(n).type)]
@@ -223,17 +230,17 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
         features = cfg.feature_columns
         missing = [n for n in features if n not in names]
         if missing:
-            raise ValueError(f"data.feature_columns: no columns {missing} in {cfg.path} (columns: {names})")
+            raise DataError(f"data.feature_columns: no columns {missing} in {cfg.path} (columns: {names})")
     if not features:
-        raise ValueError(f"data.feature_columns: {cfg.path} has no numeric feature columns")
+        raise DataError(f"data.feature_columns: {cfg.path} has no numeric feature columns")
     has_clients = cfg.client_column in names
     if not has_clients and cfg.partition.kind == NATURAL:
-        raise ValueError(f"data.client_column: no column {cfg.client_column!r} in {cfg.path} "
+        raise DataError(f"data.client_column: no column {cfg.client_column!r} in {cfg.path} "
                          f"for the natural partition (columns: {names})")
     used = [cfg.label_column, *features, *([cfg.client_column] if has_clients else [])]
     nulls = [n for n in used if table.column(n).null_count]
     if nulls:
-        raise ValueError(f"data.path: columns {nulls} of {cfg.path} contain nulls")
+        raise DataError(f"data.path: columns {nulls} of {cfg.path} contain nulls")
     x = np.concatenate([_feature_matrix(table.column(n), n) for n in features], axis=1)
     y, num_classes = _labels(table.column(cfg.label_column).to_numpy())
     natural = None

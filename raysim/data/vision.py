@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from raysim.data.sources import Source, register_source
+from raysim.errors import DataError
 
 if TYPE_CHECKING:
     from raysim.data.config import DataConfig
@@ -33,10 +34,10 @@ CINIC_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
 
 def _directory(cfg: DataConfig, name: str) -> Path:
     if cfg.path is None:
-        raise ValueError(f"data.path: source {name!r} needs the directory holding its files")
+        raise DataError(f"data.path: source {name!r} needs the directory holding its files")
     path = Path(cfg.path)
     if not path.is_dir():
-        raise ValueError(f"data.path: {str(path)!r} is not a directory (source {name!r})")
+        raise DataError(f"data.path: {str(path)!r} is not a directory (source {name!r})")
     return path
 
 
@@ -45,7 +46,7 @@ def _find(root: Path, names: list[str], what: str) -> Path:
     for n in names:
         if (root / n).exists():
             return root / n
-    raise ValueError(f"data.path: no {what} under {root} (looked for {names})")
+    raise DataError(f"data.path: no {what} under {root} (looked for {names})")
 
 
 def _source(images: np.ndarray, labels: np.ndarray, test: np.ndarray, name: str) -> Source:
@@ -61,7 +62,7 @@ def read_idx(path: Path) -> np.ndarray:
     """An IDX file (optionally gzipped) as a uint8 array of its stated dimensions."""
     raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
     if raw[:2] != b"\x00\x00" or raw[2] != 0x08:
-        raise ValueError(f"data.path: {path} is not an unsigned-byte IDX file")
+        raise DataError(f"data.path: {path} is not an unsigned-byte IDX file")
     ndim = raw[3]
     dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4)
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
@@ -121,7 +122,7 @@ def cinic10(cfg: DataConfig, seed: int) -> Source:
     root = _directory(cfg, "cinic10")
     splits = [root / s for s in ("train", "valid", "test", "cinic_train", "cinic_test") if (root / s).is_dir()]
     if not splits:
-        raise ValueError(f"data.path: no CINIC-10 split folders (train, valid, test) under {root}")
+        raise DataError(f"data.path: no CINIC-10 split folders (train, valid, test) under {root}")
     images, labels, test = [], [], []
     for split in splits:
         for label, cls in enumerate(CINIC_CLASSES):
@@ -131,7 +132,7 @@ def cinic10(cfg: DataConfig, seed: int) -> Source:
                 labels.append(label)
                 test.append(split.name.endswith("test"))
     if not images:
-        raise ValueError(f"data.path: no png images in the CINIC-10 class folders under {root}")
+        raise DataError(f"data.path: no png images in the CINIC-10 class folders under {root}")
     return _source(np.stack(images), np.asarray(labels), np.asarray(test), "cinic10")
 
 

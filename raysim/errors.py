@@ -1,0 +1,42 @@
+"""The mistakes a user can make and fix: the CLI prints any of them as one line (exit status 2).
+
+Everything else is a defect and keeps its traceback. Each class also derives from the built-in
+exception a caller would expect (ValueError, FileNotFoundError), so `except ValueError` still works.
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in what the user gave (a file, a field, a value); the message says which and what to do."""
+
+
+class ConfigError(UserError, ValueError):
+    """An invalid experiment file or override: one problem per line, each naming its field.
+
+    `source` (the file) prefixes the message; `problems` keeps the lines for callers that re-frame them.
+    """
+
+    def __init__(self, problems: str | list[str], source: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        where = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            text = where + self.problems[0]
+        else:
+            text = f"{where}{len(self.problems)} problems:\n  " + "\n  ".join(self.problems)
+        super().__init__(text)
+
+
+class PluginError(UserError, ValueError):
+    """A plugin that cannot be found or imported; the message names it."""
+
+
+class DataError(UserError, ValueError):
+    """Data that cannot give the experiment asked for (a missing or unreadable file, too few samples); names the data.* field."""
+
+
+class RunDirError(UserError, FileNotFoundError):
+    """A directory given as a run (`--resume`, `raysim report`) that is not one."""
+
+
+class DivergenceError(RuntimeError):
+    """A metric became NaN or infinite; the rounds before it are saved (the CLI: one line, exit status 1)."""
