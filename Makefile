@@ -2,16 +2,30 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow report clean
+.PHONY: setup demo test test-slow lock report clean
 
 setup: $(VENV)/.installed
 
 # torch first, pinned: 2.13.0 is the CPU build on disk; an unpinned torch pulls a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml
+# Everything else at the versions in constraints.txt: the ones the test suite last passed with.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
+
+# Try the newest versions pyproject.toml allows: install them in a scratch venv, write their versions
+# to constraints.txt, then run the test suite on a fresh .venv built from it (git diff shows what moved;
+# git checkout constraints.txt undoes it).
+lock:
+	rm -rf .venv-lock
+	python3 -m venv .venv-lock
+	.venv-lock/bin/pip install -q torch==2.13.0
+	.venv-lock/bin/pip install -q --upgrade -e '.[test]'
+	( echo "# pip constraints: the versions \`make test\` passed with. Refresh with \`make lock\`."; \
+	  .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//' ) > constraints.txt
+	rm -rf .venv-lock $(VENV)
+	$(MAKE) test
 
 demo: setup
 	$(VENV)/bin/raysim run configs/fedavg/quickstart.yaml --out runs/quickstart

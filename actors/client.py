@@ -1,5 +1,5 @@
 """ClientActor: a shard of logical clients (raysim.shard) in its own Ray process, placed with a CPU
-share or a fractional GPU (actors/placement.py); under `clock: real` it sleeps the sampled time."""
+share or a fractional GPU (actors/placement.py); under `clock: real` a reply leaves at its sampled time."""
 from __future__ import annotations
 
 import time
@@ -20,14 +20,13 @@ class ClientActor(ClientShard):
             self.warm_up()
         return {"clients": len(self.data), "node": ray.get_runtime_context().get_node_id()}
 
-    def restore(self, ckpt: str | None, replay: list[tuple[int, list[int], Any]]) -> None:
+    def restore(self, ckpt: str | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
         """ClientShard.restore with the replayed broadcasts fetched from the object store."""
         super().restore(ckpt, [(t, cs, ray.get(b) if isinstance(b, ray.ObjectRef) else b) for t, cs, b in replay])
 
-    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
-        """ClientShard.train; under `clock: real` the reply leaves after the clients' sampled time."""
-        result = super().train(round, clients, broadcast, reduce, fail)
-        clock = self.cfg.system.clock
-        if clock.mode == "real":
-            time.sleep(max(result.compute_times) * clock.time_scale)
-        return result
+    def train_real(self, round: int, client: int, broadcast: Any, dispatched_at: float) -> tuple[ShardResult, float]:
+        """One client under `clock: real`: its step, then the reply leaves at dispatch + its sampled time
+        (scaled), or when the step ends if that is later. Returns the result and the wall time it left."""
+        result = self.train(round, [client], broadcast, False)
+        time.sleep(max(0.0, dispatched_at + result.compute_times[0] * self.cfg.system.clock.time_scale - time.time()))
+        return result, time.time()

@@ -3,6 +3,7 @@ the client actors, puts each round's broadcast in the object store once, dispatc
 collects their results (in real time under `clock: real`), restarts dead actors and checkpoints."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from raysim.experiment import Experiment
 from raysim.shard import ShardResult
 
 RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
+REPLY_GRACE_S = 0.5  # real clock: how long replies that left before the deadline may take to arrive
 
 
 @ray.remote(num_cpus=0)
@@ -35,7 +37,8 @@ class ServerActor:
         self.per_actor = 1
         self.run_dir = Path(run_dir) if run_dir else None
         self.ckpt: str | None = None  # the newest complete checkpoint's folder
-        self.replay: list[tuple[int, dict[int, list[int]], Any]] = []  # rounds since it: (round, shard -> clients, broadcast ref)
+        self.snapshots: list | None = None  # or, newer than it, each shard's in-memory snapshot (ObjectRefs)
+        self.replay: list[tuple[int, dict[int, list[int]], Any]] = []  # rounds since: (round, shard -> clients, broadcast ref)
         self.faults = {(f.round, f.actor) for f in self.cfg.faults}
         self.restarts = 0
 
@@ -79,7 +82,15 @@ class ServerActor:
         folder = checkpoint.checkpoint_dir(self.run_dir, round)
         self.engine.save(folder)
         ray.get([a.save.remote(str(folder)) for a in self.actors])
-        self.ckpt, self.replay = str(folder), []
+        self.ckpt, self.snapshots, self.replay = str(folder), None, []
+
+    def _bound_replay(self) -> None:
+        """After `checkpoint.replay_rounds` rounds without a checkpoint, every shard's client states are
+        snapshotted in the object store and the logged broadcasts released: memory stays flat however long the run."""
+        if len(self.replay) >= self.cfg.checkpoint.replay_rounds:
+            snapshots = [a.snapshot.remote() for a in self.actors]
+            ray.wait(snapshots, num_returns=len(snapshots))
+            self.snapshots, self.replay = snapshots, []
 
     def _recover(self, shard: int, round: int, clients: list[int], bref, reduce: bool) -> ShardResult:
         """A dead client actor (restarted by Ray) gets its clients' state back, then redoes the round."""
@@ -95,32 +106,39 @@ class ServerActor:
                     raise
                 time.sleep(0.1)
         log = [(t, by_shard[shard], b) for t, by_shard, b in self.replay if shard in by_shard]
-        ray.get(actor.restore.remote(self.ckpt, log))
+        ray.get(actor.restore.remote(self.ckpt if self.snapshots is None else self.snapshots[shard], log))
         return ray.get(actor.train.remote(round, clients, bref, reduce))
 
-    def _dispatch(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> dict:
-        """Send each shard its clients (one call per client under `clock: real`); ref -> (shard, its clients)."""
-        if self.cfg.system.clock.mode == "real":
-            return {self.actors[a].train.remote(rp.round, [c], bref, False): (a, [c]) for a, cs in by_actor.items() for c in cs}
-        return {self.actors[a].train.remote(rp.round, cs, bref, rp.reduce, (rp.round, a) in self.faults): (a, cs)
+    def _virtual(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> list[ShardResult]:
+        """Every shard's result for its clients (a dead actor is restarted and redoes its share)."""
+        refs = {self.actors[a].train.remote(rp.round, cs, bref, rp.reduce, (rp.round, a) in self.faults): (a, cs)
                 for a, cs in by_actor.items()}
+        results = []
+        for ref, (shard, clients) in refs.items():
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                self.faults.discard((rp.round, shard))
+                results.append(self._recover(shard, rp.round, clients, bref, rp.reduce))
+        return results
 
-    def _collect(self, rp: RoundPlan, refs: dict, bref) -> tuple[list[ShardResult], set[int]]:
-        """All shard results (virtual clock; a dead actor is recovered), or those that arrived in real
-        time (deadline, first `keep`)."""
-        if self.cfg.system.clock.mode == "virtual":
-            results = []
-            for ref, (shard, clients) in refs.items():
-                try:
-                    results.append(ray.get(ref))
-                except ray.exceptions.RayActorError:
-                    self.faults.discard((rp.round, shard))
-                    results.append(self._recover(shard, rp.round, clients, bref, rp.reduce))
-            return results, set()
+    def _real(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> tuple[list[ShardResult], set[int]]:
+        """Under `clock: real`, one call per client; the deadline counts from dispatch. A reply is kept
+        if it left by the deadline and is among the first `keep` to leave; replies that left in time get
+        REPLY_GRACE_S more to arrive, so neither transit nor this process's scheduling decides."""
         clock, strag = self.cfg.system.clock, self.cfg.system.stragglers
-        timeout = None if strag.deadline is None else strag.deadline * clock.time_scale
-        ready, late = ray.wait(list(refs), num_returns=rp.keep or len(refs), timeout=timeout)
-        return ray.get(ready), {c for ref in late for c in refs[ref][1]}
+        dispatched = time.time()
+        refs = {self.actors[a].train_real.remote(rp.round, c, bref, dispatched): c for a, cs in by_actor.items() for c in cs}
+        cutoff = math.inf if strag.deadline is None else dispatched + strag.deadline * clock.time_scale
+        need = rp.keep or len(refs)
+        ready, pending = ray.wait(list(refs), num_returns=need,
+                                  timeout=None if cutoff == math.inf else max(0.0, cutoff - time.time()))
+        if pending and len(ready) < need:
+            more, pending = ray.wait(pending, num_returns=len(pending), timeout=REPLY_GRACE_S)
+            ready += more
+        left = sorted(ray.get(ready), key=lambda reply: reply[1])
+        kept = [result for result, at in left if at <= cutoff][:need]
+        return kept, set(refs.values()) - {r.clients[0] for r in kept}
 
     def run_round(self, round: int) -> tuple[dict, list[dict]]:
         """One synchronized round; returns the results row and the per-client rows."""
@@ -130,10 +148,16 @@ class ServerActor:
         if len(rp.clients):
             bref = ray.put(rp.plan.broadcast)
             by_actor = shards_of(rp.client_list, self.per_actor)
-            results, late = self._collect(rp, self._dispatch(rp, by_actor, bref), bref)
-            self.replay.append((round, by_actor, bref))
+            if self.cfg.system.clock.mode == "real":
+                results, late = self._real(rp, by_actor, bref)
+            else:
+                results = self._virtual(rp, by_actor, bref)
+            if self.cfg.system.clock.mode == "virtual":  # the real clock restarts no actor: nothing to replay
+                self.replay.append((round, by_actor, bref))
         out = self.engine.aggregate(rp, results, late)
         saved = self.run_dir is not None and self.engine.checkpoint_due(round)
         if saved:
             self._checkpoint(round)
+        else:
+            self._bound_replay()
         return self.engine.rows(rp, out, self.restarts, saved)

@@ -17,6 +17,7 @@ import time
 import ray
 
 import raysim
+from raysim import ray_session
 from raysim.memory import PeakMemory, session_processes
 
 SAMPLES_PER_CLIENT = 10
@@ -39,7 +40,7 @@ def config(clients: int, rounds: int, per_round: int) -> dict:
 
 def measure(clients: int, rounds: int, per_round: int) -> dict:
     """One run on a fresh local Ray: start-up, steady seconds per round, peak summed PSS."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray_session.start_local(num_cpus=2)
     session = ray._private.worker._global_node.get_session_dir_path()
     try:
         with PeakMemory(lambda: session_processes(session)) as mem, tempfile.TemporaryDirectory() as out:

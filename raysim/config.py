@@ -56,7 +56,9 @@ class CheckpointConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    every: int = Field(10, ge=0, description="rounds between checkpoints; 0: never (a restarted actor replays from round 1)")
+    every: int = Field(10, ge=0, description="rounds between checkpoints on disk; 0: never")
+    replay_rounds: int = Field(20, ge=1, description="rounds a restarted client actor may replay: after as many rounds"
+                               " without a checkpoint, client states are snapshotted in memory and older broadcasts released")
 
 
 class FaultConfig(BaseModel):
@@ -132,6 +134,8 @@ def _algorithm_problems(section: Any) -> list[str]:
 def _check(cfg: ExperimentConfig) -> list[str]:
     """Checks that span sections."""
     problems = _algorithm_problems(cfg.algorithm.model_dump())
+    if not problems:
+        problems += ALGORITHMS.lookup(cfg.algorithm.name).config_problems(cfg.algorithm_params(), cfg)
     select = cfg.clients_to_select()
     if select > cfg.data.num_clients:
         problems.append(

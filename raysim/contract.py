@@ -7,9 +7,12 @@ RNGs, so the same code runs in a unit test and on a cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 
 @dataclass
@@ -109,6 +112,12 @@ class Algorithm:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.params = ctx.params
+
+    @classmethod
+    def config_problems(cls, params: Any, cfg: ExperimentConfig) -> list[str]:
+        """What is wrong with running this algorithm (hyperparameters `params`) in experiment `cfg`, as
+        `field: problem` lines; checked once, in the driver, before anything starts. Nothing by default."""
+        return []
 
     def init(self) -> Any:
         """The initial ServerState."""

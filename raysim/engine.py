@@ -2,6 +2,7 @@
 model -> ledger -> the round's rows. The Ray server actor and the local backend both drive it."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,12 +94,13 @@ class RoundEngine:
             dropped = np.zeros(len(arrived), dtype=bool)
         else:
             dropped, _ = self.system.stragglers(ids, times, rp.keep)
+        # the server's own writable copies: Ray delivers a shard's arrays read-only
         if rp.reduce:
-            total = tree_reduce([p for r in results for p in r.parts], 0, root_size(self.fed.num_clients),
+            total = tree_reduce(copy.deepcopy([p for r in results for p in r.parts]), 0, root_size(self.fed.num_clients),
                                 lambda a, b: self.algo.reduce([a, b]))
             replies = [] if total is None else [total]
         else:
-            replies = [r.replies[i] for (r, i), d in zip(pick, dropped) if not d]
+            replies = copy.deepcopy([r.replies[i] for (r, i), d in zip(pick, dropped) if not d])
         rng = stream(self.cfg.seed, rp.round, SERVER, "aggregate")
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
         server_time = self.system.server_compute_time(rp.round, server_cost)

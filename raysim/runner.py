@@ -12,7 +12,7 @@ from typing import Any, Callable
 import ray
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from raysim import checkpoint
+from raysim import checkpoint, ray_session
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
 from raysim.errors import DivergenceError, RunDirError, UserError
@@ -23,14 +23,7 @@ from raysim.results import RunResult, RunWriter, new_run_dir, write_text
 
 def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     """Connect to `address` (or the config's), or start a local Ray; True if this call started it."""
-    if ray.is_initialized():
-        return False
-    address = address or cfg.cluster.address
-    if address:
-        ray.init(address=address, logging_level="WARNING")
-    else:
-        ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, logging_level="WARNING")
-    return True
+    return ray_session.ensure(address or cfg.cluster.address, cfg.cluster.num_cpus)
 
 
 class RayServer:

@@ -2,7 +2,9 @@
 (Reply, Cost) leaves it. The Ray client actor wraps it; the local backend calls it directly."""
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,11 +72,19 @@ class ClientShard:
         """Write this shard's client states into the checkpoint folder `ckpt`."""
         checkpoint.save(checkpoint.dumps(self.states), checkpoint.shard_path(Path(ckpt), self.shard))
 
-    def restore(self, ckpt: str | Path | None, replay: list[tuple[int, list[int], Any]]) -> None:
-        """Refill client states after a restart or on resume: from checkpoint `ckpt` (None: client_init), then
-        re-run the logged rounds since it (round, this shard's clients, broadcast) to reach the present."""
-        self.states = (checkpoint.client_states(Path(ckpt), self.clients) if ckpt
-                       else {c: self.algo.client_init(c) for c in self.clients})
+    def snapshot(self) -> bytes:
+        """This shard's client states, pickled: the in-memory checkpoint that keeps a restart's replay short."""
+        return checkpoint.dumps(self.states)
+
+    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
+        """Refill client states after a restart or on resume: from checkpoint folder `ckpt`, or this
+        shard's `snapshot()` bytes (None: client_init), then re-run the logged rounds since it
+        (round, this shard's clients, broadcast) to reach the present."""
+        if isinstance(ckpt, bytes):
+            self.states = pickle.loads(ckpt)
+        else:
+            self.states = (checkpoint.client_states(Path(ckpt), self.clients) if ckpt
+                           else {c: self.algo.client_init(c) for c in self.clients})
         for round, clients, broadcast in replay:
             self._steps(round, clients, broadcast)
 
@@ -82,7 +92,8 @@ class ClientShard:
         """The clients' steps for `round` (updating their states) and the CPU seconds of each (this
         process's); a vectorized step's time is split in proportion to oracle calls. `fail` kills
         the process after the first step."""
-        datas = [self.data[c] for c in clients]
+        broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
+        datas = [self.data[c] for c in clients]  # and on the local backend it is the server's own object
         states = [self.states[c] for c in clients]
         rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
         if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work

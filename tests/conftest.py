@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from raysim import register_algorithm
+from raysim import ray_session, register_algorithm
 from raysim.algorithms.fedavg import FedAvg
 from raysim.contract import ClientData, Context
 from raysim.models import ModelConfig
@@ -28,8 +28,7 @@ STRAGGLERS = {  # 12 digits clients, 8 a round, 4 local steps: compute times 4 +
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray (2 CPUs, no dashboard), shut down at the end of the session."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray_session.ensure(None, num_cpus=2)
     yield ray
     ray.shutdown()
 

@@ -22,6 +22,15 @@ def test_cluster_yaml_has_head_and_gpu_workers_and_installs_raysim_from_the_repo
     assert any("pip install" in cmd and "-e ~/raysim" in cmd for cmd in CLUSTER["setup_commands"])
 
 
+def test_every_node_starts_ray_with_token_authentication_and_no_public_dashboard():
+    starts = CLUSTER["head_start_ray_commands"] + CLUSTER["worker_start_ray_commands"]
+    for cmd in (c for c in starts if "ray start" in c):
+        assert "RAY_AUTH_MODE=token ray start" in cmd, cmd
+        assert "--dashboard-host" not in cmd, cmd  # the dashboard stays on 127.0.0.1: reach it with `ray dashboard`
+    mounts = CLUSTER["file_mounts"]
+    assert mounts["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"  # the user's token, outside the repo
+
+
 def test_the_schema_check_is_real():
     with pytest.raises(jsonschema.ValidationError):
         validate_config(prepare_config({**CLUSTER, "max_workers": "four"}))

@@ -60,6 +60,8 @@ CASES = [
     ("unknown model", ["run", QUICK, "model.name=resnet999"], "model.name"),
     ("override without =", ["run", QUICK, "algorithm.lr"], "algorithm.lr"),
     ("override not YAML", ["run", QUICK, "algorithm.lr=[0.1"], "algorithm.lr"),
+    ("too few rounds for the algorithm", ["run", str(ROOT / "configs/fedlrgd/fedlrgd_vs_fedavg_ridge_fedlrgd.yaml"),
+                                          "algorithm.rounds=2"], "algorithm.rounds: FedLRGD needs at least"),
     ("more clients a round than clients", ["run", QUICK, "algorithm.clients_per_round=500"], "algorithm.clients_per_round"),
     ("real clock on the local backend", ["run", QUICK, "backend=local", "system.clock.mode=real"], "system.clock.mode"),
     ("options for a source without any", ["run", QUICK, "data.options={rank: 2}"], "data.options"),

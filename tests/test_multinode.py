@@ -1,7 +1,9 @@
 """A real two-node Ray cluster on this machine (`ray start --head` + `ray start --address`, each
-node with its own custom resource): an experiment run with `--address` puts client actors on both."""
+node with its own custom resource), closed by token authentication as cluster.yaml closes one: an
+experiment run with `--address` and the token puts client actors on both; without it, it is refused."""
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 RAY = str(Path(sys.executable).parent / "ray")
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a token minted by the head would not reach the second node
+SECURE = {"RAY_AUTH_MODE": "token"}  # with RAY_AUTH_TOKEN_PATH: the token file every node and the driver read
 CFG = {
     "name": "two_nodes",
     "seed": 3,
@@ -38,31 +40,37 @@ def _stop(temp_dir: str) -> None:
             p.kill()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_nodes():
+    """(address, environment with the token) of a token-protected two-node cluster."""
     temp_dir = tempfile.mkdtemp(prefix="rs2n", dir="/tmp")  # short: Ray's socket paths have a length limit
+    token = Path(temp_dir) / "auth_token"
+    token.write_text(secrets.token_hex(32))  # made here, as `ray get-auth-token --generate` makes it on a laptop
+    token.chmod(0o600)
+    env = {**os.environ, **SECURE, "RAY_AUTH_TOKEN_PATH": str(token)}
     port = _free_port()
     common = ["--num-cpus=1", "--disable-usage-stats"]
     try:
         subprocess.run([RAY, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-                        '--resources={"head_node": 1}', *common], check=True, capture_output=True, env=ENV, timeout=120)
+                        '--resources={"head_node": 1}', *common], check=True, capture_output=True, env=env, timeout=120)
         subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", '--resources={"worker_node": 1}', *common],
-                       check=True, capture_output=True, env=ENV, timeout=120)
-        yield f"127.0.0.1:{port}"
+                       check=True, capture_output=True, env=env, timeout=120)
+        yield f"127.0.0.1:{port}", env
     finally:
         _stop(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_client_actors_run_on_both_nodes(two_nodes, tmp_path):
+    address, env = two_nodes
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(CFG))
-    run = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(tmp_path / "cfg.yaml"), "--address", two_nodes,
-                          "--out", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True, timeout=300, env=ENV)
+    run = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(tmp_path / "cfg.yaml"), "--address", address,
+                          "--out", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     nodes = subprocess.run([sys.executable, "-c", (
         "import json, ray; ray.init(address=%r, logging_level='ERROR');"
-        "print(json.dumps({n['NodeID']: sorted(n['Resources']) for n in ray.nodes() if n['Alive']}))") % two_nodes],
-        capture_output=True, text=True, timeout=120, check=True, env=ENV)
+        "print(json.dumps({n['NodeID']: sorted(n['Resources']) for n in ray.nodes() if n['Alive']}))") % address],
+        capture_output=True, text=True, timeout=120, check=True, env=env)
     resources = json.loads(nodes.stdout.strip().splitlines()[-1])
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     used = set(info["actor_nodes"])
@@ -70,3 +78,20 @@ def test_client_actors_run_on_both_nodes(two_nodes, tmp_path):
     custom = {r for n in used for r in resources[n]} & {"head_node", "worker_node"}
     assert custom == {"head_node", "worker_node"}
     assert info["status"] == "finished"
+
+
+def test_a_client_without_the_token_is_refused(two_nodes, tmp_path):
+    """Without a token (none on this machine either) and with a wrong one: refused; with it: joined."""
+    address, env = two_nodes
+    bare = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+    bare.update(HOME=str(tmp_path), RAY_py_gcs_connect_timeout_s="5")  # no ~/.ray/auth_token; give up after 5 s
+    tries = {"none": bare, "wrong": {**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)},
+             "right": env}
+    probes = {name: subprocess.Popen([sys.executable, "-c", "import ray; ray.init(address=%r); print('JOINED')" % address],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+              for name, e in tries.items()}
+    out = {name: p.communicate(timeout=180) for name, p in probes.items()}
+    assert probes["right"].returncode == 0 and "JOINED" in out["right"][0], out["right"][1][-2000:]
+    for name in ("none", "wrong"):
+        assert probes[name].returncode != 0 and "JOINED" not in out[name][0]
+        assert "InvalidAuthToken" in out[name][1], out[name][1][-2000:]

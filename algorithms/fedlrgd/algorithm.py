@@ -217,8 +217,14 @@ class FedLRGD(Algorithm):
         self.n = int(np.sum(ctx.client_sizes)) + p.r
         self.lr = 1.0 / (p.L1 if p.L1 is not None else self._default_L1())
         self.x0, self.y0 = self._server_samples(server_data)
-        if ctx.rounds < p.r + 2:
-            warnings.warn(f"FedLRGD needs r + 2 = {p.r + 2} rounds, the run has {ctx.rounds}", stacklevel=2)
+
+    @classmethod
+    def config_problems(cls, params: FedLRGDParams, cfg) -> list[str]:
+        """Phases B, A and at least one of C, then the final B: r + 2 rounds at least (Algorithm 1)."""
+        if cfg.algorithm.rounds < params.r + 2:
+            return [f"algorithm.rounds: FedLRGD needs at least r + 2 = {params.r + 2} rounds"
+                    f" (got {cfg.algorithm.rounds}; r = {params.r})"]
+        return []
 
     # ---- setup
 

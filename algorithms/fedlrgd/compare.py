@@ -99,6 +99,7 @@ def compare(configs: list[str | Path], epsilon: float, out: str | Path, b_values
     """Run every config (FedAvg family over `b_values`) and return the ε-table; writes it under `out`."""
     import ray
 
+    from raysim import ray_session
     from raysim.runner import run
 
     if not epsilon > 0:
@@ -106,14 +107,7 @@ def compare(configs: list[str | Path], epsilon: float, out: str | Path, b_values
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfgs = [load_config(c, overrides or []) for c in configs]
-    started = False
-    if not ray.is_initialized():
-        first = cfgs[0].cluster
-        if address or first.address:
-            ray.init(address=address or first.address, logging_level="WARNING")
-        else:
-            ray.init(num_cpus=first.num_cpus, include_dashboard=False, logging_level="WARNING")
-        started = True
+    started = ray_session.ensure(address or cfgs[0].cluster.address, cfgs[0].cluster.num_cpus)
     rows = []
     try:
         for path, cfg in zip(configs, cfgs):

@@ -20,6 +20,7 @@ import ray
 import yaml
 
 import raysim
+from raysim import ray_session
 from raysim.algorithms.fzoos.plots import by_round, cosine_profile, plot_cosines, plot_curves, value_column
 from raysim.plugins import ALGORITHMS
 
@@ -68,9 +69,7 @@ def compare(config: Path, algorithms: list[str], out: Path, rounds: int | None, 
     tree = yaml.safe_load(Path(config).read_text())
     out.mkdir(parents=True, exist_ok=True)
     curves = {}
-    started = not ray.is_initialized()
-    if started:  # one local Ray for all runs (each run would otherwise start its own)
-        ray.init(include_dashboard=False, logging_level="WARNING")
+    started = ray_session.ensure(None)  # one local Ray for all runs (each run would otherwise start its own)
     try:
         for name in algorithms:
             cfg = {**tree, "name": f"{tree.get('name', 'zo')}-{name}",

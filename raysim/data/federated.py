@@ -1,4 +1,5 @@
-"""The federated dataset on disk: train.parquet (rows sorted by client) and the server's test.parquet.
+"""The federated dataset on disk: train.parquet (rows sorted by client), the server's test.parquet, and
+client_sizes.npy (samples per client, memory-mapped by every process that needs them).
 
 Both files have the columns `client_id` int64, `x` fixed_size_list<float32 or float64>[prod(feature_shape)]
 and `y` (int64 class labels, or float targets: float32/float64, a fixed_size_list for vector targets;
@@ -23,6 +24,7 @@ from raysim.data.config import DataConfig
 from raysim.data.partition import NATURAL, apportion, partition, sample_per_group
 from raysim.data.sources import load_source
 from raysim.errors import DataError
+from raysim.results import atomic_write_bytes
 from raysim.rng import SERVER, SETUP, stream
 
 ROW_GROUP_BYTES = 1 << 20
@@ -49,13 +51,18 @@ class FederatedData:
     num_test: int
     target_shape: tuple[int, ...] = ()
 
+    @property
+    def sizes_path(self) -> Path:
+        """`client_sizes` on disk (.npy), next to train.parquet."""
+        return self.train_path.with_name("client_sizes.npy")
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON."""
+        """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON; the
+        client sizes stay in `sizes_path` (a million clients would make this 10 MB)."""
         return {
             "train_path": str(self.train_path),
             "test_path": str(self.test_path),
             "num_clients": self.num_clients,
-            "client_sizes": [int(s) for s in self.client_sizes],
             "feature_shape": list(self.feature_shape),
             "image_shape": None if self.image_shape is None else list(self.image_shape),
             "num_classes": self.num_classes,
@@ -66,12 +73,13 @@ class FederatedData:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FederatedData:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`; the client sizes are memory-mapped (read-only, one copy per machine)."""
+        train_path = Path(d["train_path"])
         return cls(
-            train_path=Path(d["train_path"]),
+            train_path=train_path,
             test_path=Path(d["test_path"]),
             num_clients=int(d["num_clients"]),
-            client_sizes=np.asarray(d["client_sizes"], dtype=np.int64),
+            client_sizes=np.load(train_path.with_name("client_sizes.npy"), mmap_mode="r"),
             feature_shape=tuple(d["feature_shape"]),
             image_shape=None if d["image_shape"] is None else tuple(d["image_shape"]),
             num_classes=int(d["num_classes"]),
@@ -188,11 +196,13 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     train_path, test_path = out_dir / "train.parquet", out_dir / "test.parquet"
     _write(train_path, ids[order], x_train, y_train, meta)
     _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x[test], src.y[test], meta)
+    sizes = np.bincount(ids, minlength=cfg.num_clients).astype(np.int64)
+    atomic_write_bytes(train_path.with_name("client_sizes.npy"), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
         train_path=train_path,
         test_path=test_path,
         num_clients=cfg.num_clients,
-        client_sizes=np.bincount(ids, minlength=cfg.num_clients),
+        client_sizes=sizes,
         feature_shape=tuple(src.feature_shape),
         image_shape=src.image_shape,
         num_classes=src.num_classes,
@@ -200,6 +210,11 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
         num_test=num_test,
         target_shape=tuple(src.y.shape[1:]),
     )
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    with open(path, "wb") as f:  # through a file object: np.save would add ".npy" to a bare temporary name
+        np.save(f, array)
 
 
 def _batch_arrays(batch: pa.RecordBatch, shapes: tuple[tuple[int, ...], tuple[int, ...]]

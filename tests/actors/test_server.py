@@ -1,13 +1,20 @@
-"""The server actor on a real local Ray: `clock: real` really waiting for real stragglers, and a killed
-client actor restarted with its clients' state."""
+"""The server actor on a real local Ray: `clock: real` really waiting for real stragglers, a killed
+client actor restarted with its clients' state, and memory that stays flat over many rounds."""
+import os
+import re
+
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
+import ray
+from ray._private.internal_api import memory_summary
 
 import raysim
 from raysim import Cost, register_algorithm
 from raysim.algorithms.fedavg import FedAvg
 from raysim.config import load_config
+from raysim.memory import pss_bytes
 from raysim.results import reproducible
 from raysim.system import SystemModel
 
@@ -56,10 +63,12 @@ STATEFUL = {**CFG, "name": "stateful", "checkpoint": {"every": 2},
             "algorithm": {**CFG["algorithm"], "name": "fedavg_stateful", "rounds": 6, "vectorize": False}}
 
 
-@pytest.mark.parametrize("every", [2, pytest.param(0, marks=pytest.mark.slow)])
-def test_a_killed_client_actor_is_restarted_and_the_run_is_unchanged(ray_cluster, tmp_path, every):
-    """Actor 1 dies mid-round 5 (after the checkpoint of round 4, or with none: replay from round 1)."""
-    cfg = {**STATEFUL, "checkpoint": {"every": every}}
+@pytest.mark.parametrize("checkpoint", [{"every": 0, "replay_rounds": 3}, pytest.param({"every": 2}, marks=pytest.mark.slow),
+                                        pytest.param({"every": 0}, marks=pytest.mark.slow)], ids=["snapshot", "disk", "replay"])
+def test_a_killed_client_actor_is_restarted_and_the_run_is_unchanged(ray_cluster, tmp_path, checkpoint):
+    """Actor 1 dies mid-round 5: it restarts from the checkpoint of round 4 on disk, or from the
+    in-memory snapshot after round 3 and replays round 4, or (no checkpoint) replays from round 1."""
+    cfg = {**STATEFUL, "checkpoint": checkpoint}
     clean = raysim.run(cfg, out=tmp_path / "clean")
     faulty = raysim.run({**cfg, "faults": [{"round": 5, "actor": 1}]}, out=tmp_path / "faulty")
     assert faulty.rounds["actor_restarts"].tolist() == [0, 0, 0, 0, 1, 1]
@@ -72,3 +81,31 @@ def test_faults_are_validated_up_front(ray_cluster, tmp_path):
         load_config({**STATEFUL, "faults": [{"round": 9, "actor": 0}]})
     with pytest.raises(ValueError, match="faults: actor 5 does not exist"):
         raysim.run({**STATEFUL, "faults": [{"round": 1, "actor": 5}]}, out=tmp_path / "bad")
+
+
+LONG = {"name": "long", "seed": 0, "data": {"source": "digits", "num_clients": 4},
+        "model": {"name": "mlp", "hidden": [1024]},  # a 300 KB broadcast: the object store holds it, not the caller
+        "algorithm": {"name": "fedavg", "clients_per_round": 2, "lr": 0.05, "local_steps": 1, "batch_size": 8},
+        "checkpoint": {"every": 0, "replay_rounds": 20}, "eval": {"every": 50}, "cluster": {"num_actors": 2}}
+
+
+def object_store() -> tuple[int, int]:
+    """(MiB, objects) in Ray's object store, as `ray memory --stats-only` reports them."""
+    mib, objects = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)).groups()
+    return int(mib), int(objects)
+
+
+@pytest.mark.parametrize("rounds", [300, pytest.param(2000, marks=pytest.mark.slow)])
+def test_many_rounds_hold_the_object_store_and_the_driver_flat(ray_cluster, tmp_path, rounds):
+    """No checkpoint (the replay log's worst case): past warm-up the object store holds at most
+    `replay_rounds` broadcasts and the driver does not grow (an unbounded log adds one per round)."""
+    seen = {}
+
+    def sample(row):
+        if row["round"] in (50, rounds):
+            seen[row["round"]] = (*object_store(), pss_bytes(psutil.Process(os.getpid())))
+
+    raysim.run({**LONG, "algorithm": {**LONG["algorithm"], "rounds": rounds}}, out=tmp_path / "long", on_round=sample)
+    (mib0, objects0, driver0), (mib1, objects1, driver1) = seen[50], seen[rounds]
+    assert objects1 - objects0 < 20 and mib1 - mib0 < 10, seen  # an unbounded log: +1 object and +0.3 MiB a round
+    assert driver1 - driver0 < 30e6, seen

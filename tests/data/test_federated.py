@@ -20,7 +20,7 @@ def digits(tmp_path, kind="iid", seed=0, **kw) -> FederatedData:
 
 def test_files_schema_sizes_and_sorted_clients(tmp_path):
     fd = digits(tmp_path)
-    assert sorted(p.name for p in fd.train_path.parent.iterdir()) == ["test.parquet", "train.parquet"]
+    assert sorted(p.name for p in fd.train_path.parent.iterdir()) == ["client_sizes.npy", "test.parquet", "train.parquet"]
     schema = pq.read_schema(fd.train_path)
     assert schema.field("client_id").type == pa.int64() and schema.field("y").type == pa.int64()
     assert schema.field("x").type == pa.list_(pa.float32(), 64)
