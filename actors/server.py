@@ -1,6 +1,10 @@
-"""ServerActor: runs the round engine (raysim.engine) in its own process and moves the data: starts
-the client actors, puts each round's broadcast in the object store once, dispatches the shards,
-collects their results (in real time under `clock: real`), restarts dead actors and checkpoints."""
+"""The server on Ray: runs the round engine (raysim.engine) and moves the data: starts the client
+actors, puts each round's broadcast in the object store once, dispatches the shards, collects their
+results (in real time under `clock: real`), restarts dead actors and checkpoints.
+
+`RoundServer` runs in the driver's process (`cluster.server: driver`, the default: no second torch
+process to start and hold) or, as `ServerActor`, in a process of its own on the cluster
+(`cluster.server: actor`, the default when the driver joins through Ray Client, `ray://`)."""
 from __future__ import annotations
 
 import math
@@ -23,11 +27,12 @@ RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
 REPLY_GRACE_S = 0.5  # real clock: how long replies that left before the deadline may take to arrive
 
 
-@ray.remote(num_cpus=0)
-class ServerActor:
-    """The server in its own Ray process, so the driver only receives the results rows."""
+class RoundServer:
+    """The server's side of a run on Ray, on one torch thread (as every client actor, so the numbers
+    do not depend on where it runs); `close` stops the client actors and gives the thread count back."""
 
     def __init__(self, experiment: Experiment, data: dict, run_dir: str | None = None):
+        self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
         self.experiment = experiment.install()
         self.cfg = experiment.cfg
@@ -64,7 +69,8 @@ class ServerActor:
                 self.experiment, self.data, clients, r.torch_threads, r.cuda_memory_fraction, i)
             self.actors.append(actor)
         nodes = [info["node"] for info in ray.get([a.ready.remote() for a in self.actors])]
-        return {"backend": "ray", "actors": n_actors, "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
+        return {"backend": "ray", "server": "driver" if ray.get_runtime_context().get_actor_id() is None else "actor",
+                "actors": n_actors, "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
                 "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "actor_nodes": nodes,
                 "actors_s": time.perf_counter() - t0}
 
@@ -75,6 +81,13 @@ class ServerActor:
             self.engine.load(found[1])
             self.ckpt = str(found[1])
             ray.get([a.restore.remote(self.ckpt, []) for a in self.actors])
+
+    def close(self) -> None:
+        """Stop the client actors; the process gets its torch thread count back."""
+        for actor in self.actors if ray.is_initialized() else []:
+            ray.kill(actor)
+        self.actors = []
+        torch.set_num_threads(self.threads)
 
     def _checkpoint(self, round: int) -> None:
         """Save server and client state after `round` and forget the replay log; the driver commits
@@ -161,3 +174,6 @@ class ServerActor:
         else:
             self._bound_replay()
         return self.engine.rows(rp, out, self.restarts, saved)
+
+
+ServerActor = ray.remote(num_cpus=0)(RoundServer)

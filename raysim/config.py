@@ -49,6 +49,9 @@ class ClusterConfig(BaseModel):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray; default: all")
     torch_threads: int = Field(1, ge=1, description="torch threads per client actor (at most its CPU share); 1 keeps"
                                " results bitwise equal in every layout, as torch's sums depend on the thread count")
+    server: Literal["auto", "driver", "actor"] = Field(
+        "auto", description="where the server's round logic runs on Ray: in the driver's process, or in an actor of"
+                            " its own; auto: the driver, unless it joins through Ray Client (a ray:// address)")
 
 
 class CheckpointConfig(BaseModel):

@@ -26,7 +26,18 @@ def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     return ray_session.ensure(address or cfg.cluster.address, cfg.cluster.num_cpus)
 
 
-class RayServer:
+def ray_server(experiment: Experiment, data: dict, run_dir: Path, address: str | None):
+    """The server of a Ray run: in this process (`cluster.server: driver`), or as an actor behind
+    the calls of `raysim.local.LocalServer` (`actor`; `auto` picks it for a Ray Client address)."""
+    from raysim.actors.server import RoundServer
+
+    where = experiment.cfg.cluster.server
+    if where == "auto":
+        where = "actor" if (address or "").startswith("ray://") else "driver"
+    return RoundServer(experiment, data, str(run_dir)) if where == "driver" else RemoteServer(experiment, data, run_dir)
+
+
+class RemoteServer:
     """The server actor behind the calls of `raysim.local.LocalServer`."""
 
     def __init__(self, experiment: Experiment, data: dict, run_dir: Path):
@@ -45,7 +56,7 @@ class RayServer:
 
     def close(self) -> None:
         if ray.is_initialized():
-            ray.kill(self.actor)
+            ray.kill(self.actor)  # its client actors go with it (it owns them)
 
 
 def _progress(enabled: bool) -> Progress:
@@ -120,7 +131,9 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
         if cfg.backend == "ray":
             started_ray = ensure_ray(cfg, address)
         t_ray = time.perf_counter()
-        server = (RayServer if cfg.backend == "ray" else LocalServer)(Experiment.of(cfg), fed.to_dict(), run_dir)
+        experiment = Experiment.of(cfg)
+        server = (ray_server(experiment, fed.to_dict(), run_dir, address or cfg.cluster.address) if cfg.backend == "ray"
+                  else LocalServer(experiment, fed.to_dict(), run_dir))
         layout = server.start()
         if resume is not None:
             server.resume()
