@@ -50,3 +50,13 @@ def test_raysim_matches_the_references_after_one_round(tmp_path, references):
     for system, (_, metrics) in references.items():
         for key in ("test_accuracy", "test_loss", "train_loss"):
             assert abs(row[key] - metrics[key]) <= TOL, (system, key, row[key], metrics[key])
+
+
+def test_with_partial_participation_the_references_train_the_clients_raysim_selects(tmp_path):
+    cfg = speed.experiment(10, 2, per_round=4)
+    row = raysim.run(cfg, out=tmp_path / "raysim", backend="local").rounds.iloc[-1]
+    assert row["selected"] == 4
+    for system in ("sequential", "vectorized"):
+        _, metrics, _, _ = speed.run_reference(system, load_config(cfg), tmp_path / system)
+        for key in ("test_accuracy", "test_loss", "train_loss"):
+            assert abs(row[key] - metrics[key]) <= TOL, (system, key, row[key], metrics[key])
