@@ -12,6 +12,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="raysim: federated optimization on Ray. A mistake in the input is one line and exit status 2;"
                        " add --debug anywhere (or set RAYSIM_DEBUG=1) for the traceback.")
 console = Console(soft_wrap=True)
+BUILTIN_COMMANDS = ("run", "sweep", "report")  # need no family command; `list` shows them all
 errors = Console(stderr=True, soft_wrap=True)  # one error, one line: never wrapped at the terminal width
 
 
@@ -148,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("RAYSIM_DEBUG", "") not in ("", "0")
     args = [a for a in args if a != "--debug"]
+    command = next((a for a in args if not a.startswith("-")), None)
     try:
-        add_plugin_commands(args)
+        if command in BUILTIN_COMMANDS:  # the families' own commands are not needed: import no family up front
+            _load(_argv_plugins(args))
+        else:
+            add_plugin_commands(args)
         app(args=args, prog_name="raysim")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

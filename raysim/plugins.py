@@ -1,8 +1,9 @@
 """The plugin registry: algorithms, data sources, partitioners, models, CLI commands and reports.
 
 A plugin is a module whose import registers things here. The built-in families are plugins
-declared as entry points (group `raysim.plugins` in pyproject.toml) and imported on the first
-lookup, so a process imports only the runtime until a name is needed. A user's plugin is named in
+declared as entry points (group `raysim.plugins` in pyproject.toml) and imported on a lookup that
+misses, one at a time until the name is found, so a process imports only the runtime and the
+families it uses. A user's plugin is named in
 the config (`plugins: [my_module, path/to/file.py]`), with `--plugin`, or registered in the driver
 script. `snapshot()` collects what was registered outside raysim; the driver ships it by value with
 the validated experiment, and `install()` registers it in every other process (server, client
@@ -39,7 +40,10 @@ class Registry(dict):
         return sorted({*self, *extra})
 
     def check(self, name: str, *extra: str) -> str:
-        """`name` if it is registered (or among `extra`), else a ValueError that lists what is."""
+        """`name` if it is registered (or among `extra`), else a ValueError that lists what is. On a
+        miss, built-in plugins are imported one at a time until one registers `name`."""
+        if name not in self and name not in extra:
+            load_builtin(lambda: name in self)
         if name not in self and name not in extra:
             allowed = self.names(*extra)
             if name not in allowed:
@@ -58,7 +62,7 @@ MODELS = Registry("model")
 KINDS: dict[str, Registry] = {"algorithms": ALGORITHMS, "sources": SOURCES, "partitioners": PARTITIONERS, "models": MODELS}
 COMMAND_MODULES: list[str] = []  # modules whose import registers `raysim` subcommands (imported by the CLI only)
 REPORT_MODULES: list[str] = []  # modules whose import registers reporters (imported by `raysim report` only)
-_loaded = False
+_pending: list | None = None  # entry points not imported yet (None: not listed yet)
 
 
 def register_algorithm(name: str) -> Callable[[type], type]:
@@ -94,14 +98,14 @@ def declare(commands: Iterable[str] = (), reports: Iterable[str] = ()) -> None:
     REPORT_MODULES.extend(m for m in reports if m not in REPORT_MODULES)
 
 
-def load_builtin() -> None:
-    """Import every plugin declared as an entry point (the built-in families, installed third-party ones)."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        ep.load()
+def load_builtin(found: Callable[[], bool] | None = None) -> None:
+    """Import the plugins declared as entry points (the built-in families, installed third-party ones),
+    in name order, until `found()` holds (None: all of them), so a run imports only the family it uses."""
+    global _pending
+    if _pending is None:
+        _pending = sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name)
+    while _pending and not (found is not None and found()):
+        _pending.pop(0).load()
 
 
 def load_plugin(spec: str) -> ModuleType:
