@@ -63,7 +63,9 @@ class RoundServer:
         concurrency = 2 * self.per_actor if self.cfg.system.clock.mode == "real" else 1
         n = self.engine.fed.num_clients
         for i in range(n_actors):
-            clients = list(range(i * self.per_actor, min(n, (i + 1) * self.per_actor)))
+            # a range, not a list: 500k ids would make a constructor argument that Ray keeps in the object
+            # store, and flags for an actor that may restart
+            clients = range(i * self.per_actor, min(n, (i + 1) * self.per_actor))
             actor = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,
                                         scheduling_strategy=client_scheduling()).remote(
                 self.experiment, self.data, clients, r.torch_threads, r.cuda_memory_fraction, i)

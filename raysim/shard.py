@@ -6,6 +6,7 @@ import copy
 import os
 import pickle
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,14 @@ class ShardResult:
 class ClientShard:
     """The clients `clients` of an experiment, in this process."""
 
-    def __init__(self, experiment: Experiment, data: dict, clients: list[int], torch_threads: int = 1,
+    def __init__(self, experiment: Experiment, data: dict, clients: Sequence[int], torch_threads: int = 1,
                  cuda_memory_fraction: float | None = None, shard: int = 0):
         torch.set_num_threads(torch_threads)
         device = "cpu"
         if cuda_memory_fraction is not None and torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
             device = "cuda"
+        clients = list(clients)
         self.cfg = experiment.install().cfg
         self.fed = FederatedData.from_dict(data)
         self.algo = experiment.algorithm_for(self.fed, device)
