@@ -20,6 +20,7 @@ from raysim.actors.client import ClientActor
 from raysim.actors.placement import client_resources, client_scheduling
 from raysim.data import FederatedData
 from raysim.engine import RoundEngine, RoundPlan, shards_of
+from raysim.errors import ConfigError
 from raysim.experiment import Experiment
 from raysim.shard import ShardResult
 
@@ -54,11 +55,11 @@ class RoundServer:
         n_actors, self.per_actor = self.cfg.actor_layout(int(res.get("CPU", 1)))
         r = client_resources(self.cfg.cluster, n_actors, res.get("CPU", 1), res.get("GPU", 0))
         if n_actors * r.num_cpus > res.get("CPU", 1) + 1e-9:
-            raise ValueError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
+            raise ConfigError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
                              f" cluster's {res.get('CPU', 1):g} CPUs; the actors could never all start")
         bad = sorted(a for _, a in self.faults if a >= n_actors)
         if bad:
-            raise ValueError(f"faults: actor {bad[0]} does not exist; this run has client actors 0..{n_actors - 1}")
+            raise ConfigError(f"faults: actor {bad[0]} does not exist; this run has client actors 0..{n_actors - 1}")
         # real clock: one call per client; late ones still sleep while the next round starts
         concurrency = 2 * self.per_actor if self.cfg.system.clock.mode == "real" else 1
         n = self.engine.fed.num_clients

@@ -14,6 +14,7 @@ import raysim
 from raysim import Cost, register_algorithm
 from raysim.algorithms.fedavg import FedAvg
 from raysim.config import load_config
+from raysim.errors import ConfigError
 from raysim.memory import pss_bytes
 from raysim.results import reproducible
 from raysim.system import SystemModel
@@ -79,8 +80,9 @@ def test_a_killed_client_actor_is_restarted_and_the_run_is_unchanged(ray_cluster
 def test_faults_are_validated_up_front(ray_cluster, tmp_path):
     with pytest.raises(ValueError, match="faults.0.round: 9 is after the last round"):
         load_config({**STATEFUL, "faults": [{"round": 9, "actor": 0}]})
-    with pytest.raises(ValueError, match="faults: actor 5 does not exist"):
+    with pytest.raises(ConfigError, match="faults: actor 5 does not exist"):
         raysim.run({**STATEFUL, "faults": [{"round": 1, "actor": 5}]}, out=tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # a mistake in the input leaves no results directory
 
 
 def test_the_server_in_the_driver_or_in_an_actor_gives_the_same_tables(ray_cluster, tmp_path):
