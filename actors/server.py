@@ -164,11 +164,10 @@ class RoundServer:
         if len(rp.clients):
             bref = ray.put(rp.plan.broadcast)
             by_actor = shards_of(rp.client_list, self.per_actor)
-            if self.cfg.system.clock.mode == "real":
+            if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
                 results, late = self._real(rp, by_actor, bref)
             else:
                 results = self._virtual(rp, by_actor, bref)
-            if self.cfg.system.clock.mode == "virtual":  # the real clock restarts no actor: nothing to replay
                 self.replay.append((round, by_actor, bref))
         out = self.engine.aggregate(rp, results, late)
         saved = self.run_dir is not None and self.engine.checkpoint_due(round)

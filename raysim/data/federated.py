@@ -51,14 +51,9 @@ class FederatedData:
     num_test: int
     target_shape: tuple[int, ...] = ()
 
-    @property
-    def sizes_path(self) -> Path:
-        """`client_sizes` on disk (.npy), next to train.parquet."""
-        return self.train_path.with_name("client_sizes.npy")
-
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON; the
-        client sizes stay in `sizes_path` (a million clients would make this 10 MB)."""
+        client sizes stay in `sizes_path(train_path)` (a million clients would make this 10 MB)."""
         return {
             "train_path": str(self.train_path),
             "test_path": str(self.test_path),
@@ -79,7 +74,7 @@ class FederatedData:
             train_path=train_path,
             test_path=Path(d["test_path"]),
             num_clients=int(d["num_clients"]),
-            client_sizes=np.load(train_path.with_name("client_sizes.npy"), mmap_mode="r"),
+            client_sizes=np.load(sizes_path(train_path), mmap_mode="r"),
             feature_shape=tuple(d["feature_shape"]),
             image_shape=None if d["image_shape"] is None else tuple(d["image_shape"]),
             num_classes=int(d["num_classes"]),
@@ -197,7 +192,7 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     _write(train_path, ids[order], x_train, y_train, meta)
     _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x[test], src.y[test], meta)
     sizes = np.bincount(ids, minlength=cfg.num_clients).astype(np.int64)
-    atomic_write_bytes(train_path.with_name("client_sizes.npy"), lambda tmp: _save_npy(tmp, sizes))
+    atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
         train_path=train_path,
         test_path=test_path,
@@ -210,6 +205,11 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
         num_test=num_test,
         target_shape=tuple(src.y.shape[1:]),
     )
+
+
+def sizes_path(train_path: Path) -> Path:
+    """Where the client sizes of the dataset whose training file is `train_path` lie (.npy, beside it)."""
+    return train_path.with_name("client_sizes.npy")
 
 
 def _save_npy(path: str, array: np.ndarray) -> None:
