@@ -18,7 +18,7 @@ from raysim.models import DTYPES
 from raysim.reduction import root_size, tree_reduce
 from raysim.rng import SERVER, SETUP, stream
 from raysim.shard import ShardResult
-from raysim.system import Ledger, RoundTiming, SystemModel
+from raysim.system import Ledger, RoundTiming, SystemModel, payload_bytes
 
 
 def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int) -> EvalData:
@@ -33,8 +33,8 @@ def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: 
 
 @dataclass
 class RoundPlan:
-    """A round as planned: its clients, what they receive, how many are kept (over-selection), and
-    whether shards pre-reduce their replies."""
+    """A round as planned: its clients, what they receive (and its size), how many are kept
+    (over-selection), and whether shards pre-reduce their replies."""
 
     round: int
     plan: Plan
@@ -42,6 +42,7 @@ class RoundPlan:
     keep: int | None
     reduce: bool
     started: float
+    broadcast_bytes: int
 
     @property
     def client_list(self) -> list[int]:
@@ -78,7 +79,8 @@ class RoundEngine:
         plan = self.algo.plan(self.state, round, stream(self.cfg.seed, round, SERVER, "plan"))
         keep = self.cfg.algorithm.clients_per_round if self.cfg.system.stragglers.over_select > 0 else None
         reduce = self.algo.reducible and keep is None and self.cfg.system.clock.mode == "virtual"
-        return RoundPlan(round, plan, np.asarray(plan.clients, dtype=np.int64), keep, reduce, t0)
+        clients = np.asarray(plan.clients, dtype=np.int64)
+        return RoundPlan(round, plan, clients, keep, reduce, t0, payload_bytes(plan.broadcast) if clients.size else 0)
 
     def aggregate(self, rp: RoundPlan, results: list[ShardResult], late: set[int] = frozenset()) -> RoundOutcome:
         """Drop stragglers (unless the real clock already did), aggregate the kept replies in client
@@ -104,8 +106,8 @@ class RoundEngine:
         rng = stream(self.cfg.seed, rp.round, SERVER, "aggregate")
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
         server_time = self.system.server_compute_time(rp.round, server_cost)
-        timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped)
-        return RoundOutcome(arrived, costs, cpu, timing, self.ledger.add(timing, costs, server_cost), sorted(late))
+        timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped, rp.keep)
+        return RoundOutcome(arrived, costs, cpu, timing, self.ledger.add(timing, costs, server_cost, rp.broadcast_bytes * len(rp.clients)), sorted(late))
 
     def checkpoint_due(self, round: int) -> bool:
         """Whether the run checkpoints after `round` (every `checkpoint.every` rounds and the last)."""
@@ -143,11 +145,13 @@ class RoundEngine:
         }
         client_rows = [
             {"round": round, "client_id": c, "oracle_calls": cost.oracle_calls,
-             "upload_bytes": 0 if d else cost.upload_bytes, "compute_time": float(timing.compute_time[i]),
+             "upload_bytes": 0 if d else cost.upload_bytes, "download_bytes": rp.broadcast_bytes,
+             "compute_time": float(timing.compute_time[i]),
              "upload_time": float(timing.upload_time[i]), "finish_time": float(timing.finish_time[i]),
              "dropped": bool(d), "cpu_s": out.cpu[i]}
             for i, (c, cost, d) in enumerate(zip(out.arrived, out.costs, timing.dropped))
-        ] + [{"round": round, "client_id": c, "oracle_calls": 0, "upload_bytes": 0, "compute_time": np.nan,
+        ] + [{"round": round, "client_id": c, "oracle_calls": 0, "upload_bytes": 0,
+              "download_bytes": rp.broadcast_bytes, "compute_time": np.nan,
               "upload_time": 0.0, "finish_time": np.nan, "dropped": True, "cpu_s": np.nan} for c in out.late]
         return row, client_rows
 

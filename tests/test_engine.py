@@ -32,6 +32,9 @@ def test_over_selection_keeps_the_first_k(tmp_path):
     for _, r in clients.groupby("round"):
         assert r["dropped"].sum() == 3
         assert r.loc[~r["dropped"], "compute_time"].max() <= r.loc[r["dropped"], "compute_time"].min()
+    # every selected client, dropped or not, received the broadcast: logreg's 64*10 + 10 float32 and the lr
+    assert (clients["download_bytes"] == (64 * 10 + 10) * 4 + 8).all()
+    np.testing.assert_array_equal(rounds["download_bytes"], 9 * 2608 * rounds["round"])
 
 
 def test_gamma_and_sim_time_in_results(tmp_path):

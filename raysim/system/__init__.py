@@ -13,6 +13,7 @@ from raysim.system.config import (
 )
 from raysim.system.ledger import Ledger
 from raysim.system.model import RoundTiming, SystemModel
+from raysim.system.payload import payload_bytes
 from raysim.system.queue import burke_completions, explicit_completions, mm1_sojourn_times
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "compute_time",
     "explicit_completions",
     "mm1_sojourn_times",
+    "payload_bytes",
     "speed_factors",
 ]

@@ -83,7 +83,7 @@ class SystemModel:
     ) -> tuple[np.ndarray, float]:
         """Drop clients slower than the deadline, then keep the `keep` earliest (ties by client id).
 
-        Returns (dropped, compute phase end): the latest kept time, or the deadline if it was missed.
+        Returns (dropped, compute phase end): see `_compute_phase_end`.
         """
         times = np.asarray(compute_times, dtype=float)
         dropped = ~self.within_deadline(times)
@@ -91,13 +91,14 @@ class SystemModel:
         if keep is not None and alive.size > keep:
             by_time = alive[np.lexsort((np.asarray(clients)[alive], times[alive]))]
             dropped[by_time[keep:]] = True
-        return dropped, self._compute_phase_end(times, dropped)
+        return dropped, self._compute_phase_end(times, dropped, keep)
 
-    def _compute_phase_end(self, times: np.ndarray, dropped: np.ndarray) -> float:
-        """The deadline if any client missed it, else the latest kept compute time (0 if none)."""
-        if not self.within_deadline(times).all():
-            return float(self.cfg.stragglers.deadline)
+    def _compute_phase_end(self, times: np.ndarray, dropped: np.ndarray, keep: int | None) -> float:
+        """When the server stops waiting: at its `keep`-th reply once it has them all (the latest
+        kept time), else at the deadline if any client missed it, else at the latest kept time (0 if none)."""
         kept = times[~dropped]
+        if (keep is None or kept.size < keep) and not self.within_deadline(times).all():
+            return float(self.cfg.stragglers.deadline)
         return float(kept.max()) if kept.size else 0.0
 
     def close_round(
@@ -109,8 +110,10 @@ class SystemModel:
         server_cost: Cost,
         server_time: float,
         dropped: np.ndarray,
+        keep: int | None = None,
     ) -> RoundTiming:
-        """Queue the kept clients' uploads and add the phases: compute, comm, server (25).
+        """Queue the kept clients' uploads and add the phases: compute, comm, server (25); `keep` is
+        the over-selection target the stragglers were chosen with (the compute phase ends at its reply).
 
         Gamma = b_t + phi * (kept clients' upload vectors), b_t = max client calls + server calls
         (Definition 1; with phi = 0 it is the raw count of oracle calls in the configured unit).
@@ -124,7 +127,7 @@ class SystemModel:
             upload = burke_completions(sizes, comm.phi, rng)
         else:
             upload = explicit_completions(sizes, comm.phi, comm.nu, rng)
-        compute_phase = self._compute_phase_end(times, dropped)
+        compute_phase = self._compute_phase_end(times, dropped, keep)
         comm_phase = float(upload.max()) if upload.size else 0.0
         finish = np.where(sizes > 0, compute_phase + upload, times)
         b_t = max((self.calls(c) for c in costs), default=0) + self.calls(server_cost)

@@ -2,6 +2,8 @@
 
 Sizes are per-client uploads in model-sized vectors (fractional allowed, 0 = no upload). Offsets
 are measured from the start of the communication phase, in the input order; size-0 clients get 0.
+Each round's queue starts empty: rounds are synchronous, so the server has served every kept upload
+of round t before it broadcasts round t+1 and no backlog can carry over.
 """
 from __future__ import annotations
 

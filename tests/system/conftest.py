@@ -22,7 +22,7 @@ def play_round(
     times = model.client_compute_times(round, clients, costs)
     dropped, _ = model.stragglers(clients, times, keep)
     server_time = model.server_compute_time(round, server_cost)
-    return model.close_round(round, clients, times, costs, server_cost, server_time, dropped)
+    return model.close_round(round, clients, times, costs, server_cost, server_time, dropped, keep)
 
 
 @pytest.fixture

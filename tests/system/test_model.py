@@ -141,7 +141,22 @@ def test_deadline_then_over_selection():
     times = np.array([1.0, 3.0, 0.5, 2.0, 2.4, 9.0])
     dropped, end = model.stragglers(clients, times, keep=2)
     assert np.flatnonzero(~dropped).tolist() == [0, 2]
-    assert end == 2.5  # someone missed the deadline, so the server waited for it
+    assert end == 1.0  # the server had its 2 replies at 1.0 and stopped waiting: the late ones cost nothing
+    exactly = np.array([1.0, 3.0, 0.5, 2.6, 2.7, 9.0])  # 2 by the deadline, the rest late
+    assert model.stragglers(clients, exactly, keep=2)[1] == 1.0
+    short = np.array([1.0, 3.0, 2.6, 2.7, 2.8, 9.0])  # only 1 of the 2 it wants by the deadline
+    dropped, end = model.stragglers(clients, short, keep=2)
+    assert np.flatnonzero(~dropped).tolist() == [0] and end == 2.5
+
+
+def test_over_selection_round_is_charged_by_the_kept_clients(run_round):
+    model = _model(seed=6, stragglers={"deadline": 11.0, "over_select": 6}, num_clients=16)
+    costs = [Cost(oracle_calls=5, upload_vectors=1.0)] * 16
+    timing = run_round(model, 3, costs, keep=10)
+    late = timing.compute_time > 11.0
+    assert late.any() and (~late).sum() >= 10  # someone missed the deadline, yet 10 made it
+    assert timing.compute_phase == np.sort(timing.compute_time)[9] < 11.0
+    assert timing.round_time == timing.compute_phase + timing.comm_phase + timing.server_phase
 
 
 def test_draws_depend_only_on_seed_round_client(run_round):

@@ -94,3 +94,13 @@ def test_negative_sizes_rejected_and_empty_ok(fn, kw):
     with pytest.raises(ValueError):
         fn(np.array([1.0, -1.0]), rng=stream(0, 0, SERVER, "upload"), **kw)
     assert fn(np.array([]), rng=stream(0, 0, SERVER, "upload"), **kw).size == 0
+
+
+def test_explicit_queue_starts_each_round_empty():
+    # The first upload of a round finds no backlog: it completes after one Exp(1) arrival gap and its
+    # own Exp(nu) service, mean phi*(1 + 1/nu); a carried backlog would add the previous round's residual work.
+    nu, phi, k, reps = 1.25, 2.0, 50, 20_000
+    firsts = np.array([explicit_completions(np.ones(k), phi, nu, stream(11, r, SERVER, "upload")).min()
+                       for r in range(reps)])
+    mean, sd = phi * (1 + 1 / nu), phi * math.sqrt(1 + 1 / nu**2)  # sum of two independent exponentials
+    assert abs(firsts.mean() - mean) < 4 * sd / math.sqrt(reps)  # 4 s.e.
