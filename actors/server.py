@@ -85,6 +85,10 @@ class RoundServer:
             self.ckpt = str(found[1])
             ray.get([a.restore.remote(self.ckpt, []) for a in self.actors])
 
+    def state(self) -> Any:
+        """The algorithm's server state (callbacks see a copy)."""
+        return self.engine.state
+
     def close(self) -> None:
         """Stop the client actors; the process gets its torch thread count back."""
         for actor in self.actors if ray.is_initialized() else []:

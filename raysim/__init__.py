@@ -1,11 +1,12 @@
 """raysim: a Ray-based simulation cluster for federated optimization research."""
+from raysim.callbacks import Callback, RunContext, ServerView
 from raysim.config import ConfigError, ExperimentConfig, load_config
 from raysim.contract import Algorithm, ClientData, Context, Cost, EvalData, Plan
 from raysim.plugins import register_algorithm
 from raysim.results import RunResult
 
-__all__ = ["Algorithm", "ClientData", "ConfigError", "Context", "Cost", "EvalData", "ExperimentConfig", "Plan",
-           "RunResult", "load_config", "register_algorithm", "run"]
+__all__ = ["Algorithm", "Callback", "ClientData", "ConfigError", "Context", "Cost", "EvalData", "ExperimentConfig", "Plan",
+           "RunContext", "RunResult", "ServerView", "load_config", "register_algorithm", "run"]
 
 
 def run(config, overrides=None, **kwargs) -> RunResult:

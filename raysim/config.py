@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from raysim.callbacks.config import CallbackConfig
 from raysim.data.config import DataConfig
 from raysim.errors import ConfigError, PluginError
 from raysim.field_errors import field_errors
@@ -97,6 +98,7 @@ class ExperimentConfig(BaseModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
+    callbacks: list[CallbackConfig] = Field(default_factory=list, description="tensorboard, csv, early_stopping, best_model")
     sweep: SweepConfig | None = Field(None, description="read by `raysim sweep` only")
     plugins: list[str] = Field(default_factory=list, description="modules or .py files to import first (your own algorithms, data, models)")
     command: str = Field("run", description="the raysim command this file is for (run, sweep, or a family's command)")
@@ -105,6 +107,10 @@ class ExperimentConfig(BaseModel):
     def algorithm_params(self) -> BaseModel:
         """The algorithm's hyperparameters, validated by its registered `Params` class."""
         return ALGORITHMS.lookup(self.algorithm.name).Params(**self.algorithm.hyperparameters())
+
+    def evaluates(self, round: int) -> bool:
+        """Whether `round` is evaluated: every `eval.every` rounds and the last."""
+        return round % self.eval.every == 0 or round == self.algorithm.rounds
 
     def clients_to_select(self) -> int:
         """Clients the server selects a round: clients_per_round plus over-selected stragglers."""

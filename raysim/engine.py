@@ -126,8 +126,7 @@ class RoundEngine:
         """Evaluate (every `eval.every` rounds and the last) and return the round's results row and
         per-client rows."""
         round, timing = rp.round, out.timing
-        last = round == self.cfg.algorithm.rounds
-        metrics = self.algo.evaluate(self.state, self.eval) if (round % self.cfg.eval.every == 0 or last) else {}
+        metrics = self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {}
         dropped = int(timing.dropped.sum())
         row = {
             "round": round,

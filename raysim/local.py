@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,10 @@ class LocalServer:
             self.engine.save(folder)
             self.shard.save(folder)
         return self.engine.rows(rp, out, saved=saved)
+
+    def state(self) -> Any:
+        """The algorithm's server state (callbacks see a copy)."""
+        return self.engine.state
 
     def close(self) -> None:
         torch.set_num_threads(self.threads)

@@ -13,6 +13,7 @@ import ray
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raysim import checkpoint, ray_session
+from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
 from raysim.errors import DivergenceError, RunDirError, UserError
@@ -54,6 +55,9 @@ class RemoteServer:
     def run_round(self, round: int) -> tuple[dict, list[dict]]:
         return ray.get(self.actor.run_round.remote(round))
 
+    def state(self) -> Any:
+        return ray.get(self.actor.state.remote())
+
     def close(self) -> None:
         if ray.is_initialized():
             ray.kill(self.actor)  # its client actors go with it (it owns them)
@@ -94,12 +98,14 @@ def _first_new_parent(path: Path) -> Path | None:
 def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str] | dict | None = None, *,
         address: str | None = None, out: str | Path | None = None, progress: bool = False,
         on_round: Callable[[dict], bool | None] | None = None, resume: str | Path | None = None,
-        **kw_overrides: Any) -> RunResult:
+        callbacks: list[Callback] | None = None, **kw_overrides: Any) -> RunResult:
     """Run one experiment and return its results (`.rounds`, `.clients` DataFrames, `.run_dir`).
 
     `overrides` are `key.sub=value` strings or a {dotted key: value} mapping; keyword arguments
-    with `__` for dots work too (`algorithm__lr=0.1`). `on_round(row)` is called after each round
-    is saved (e.g. to report to Ray Tune); returning False stops the run there (status "stopped").
+    with `__` for dots work too (`algorithm__lr=0.1`). `callbacks` (raysim.callbacks.Callback objects)
+    run after the config's own `callbacks:`; `on_round(row)` is the simplest one, called after each
+    round is saved (e.g. to report to Ray Tune). A callback returning False stops the run after that
+    round (status "stopped").
     `resume=RUN_DIR` continues an interrupted run from its newest checkpoint with the config saved
     there (`config` is then ignored and may be None) and reaches the same numbers as an uninterrupted run.
     """
@@ -125,6 +131,10 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
     t_start = time.perf_counter()
     started_ray = False
     server = None
+    hooks = [*build_callbacks(cfg.callbacks), *(callbacks or []), *([RoundCallback(on_round)] if on_round else [])]
+    ctx = RunContext(run_dir, cfg, done)
+    started: list[Callback] = []
+    status = "failed"
     try:
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
         t_data = time.perf_counter()
@@ -139,7 +149,12 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
             server.resume()
         writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,
                       startup_s=time.perf_counter() - t_start, resumed_from=done, **layout)
+        for cb in hooks:
+            cb.on_run_start(ctx)
+            started.append(cb)
+        view = ServerView(server.state)
         wall = writer.rounds[-1]["wall_s"] if writer.rounds else 0.0
+        stopped_by: list[str] = []
         with _progress(progress) as bar:
             task = bar.add_task(cfg.name, total=cfg.algorithm.rounds, metric="", sim=0.0, completed=done)
             for t in range(done + 1, cfg.algorithm.rounds + 1):
@@ -151,12 +166,13 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
                 if row["checkpoint"]:
                     checkpoint.commit(run_dir, t)
                 _check_finite(row)
-                stop = on_round is not None and on_round(row) is False
+                votes = [cb.on_round_end(row, view) for cb in hooks]
+                stopped_by = [type(cb).__name__ for cb, v in zip(hooks, votes) if v is False]
                 bar.update(task, advance=1, metric=_metric_text(row), sim=row["sim_time"])
-                if stop:
+                if stopped_by:
                     break
-        stopped = len(writer.rounds) < cfg.algorithm.rounds
-        writer.status(status="stopped" if stopped else "finished", rounds_done=len(writer.rounds))
+        status = "stopped" if len(writer.rounds) < cfg.algorithm.rounds else "finished"
+        writer.status(status=status, rounds_done=len(writer.rounds), **({"stopped_by": stopped_by} if stopped_by else {}))
     except BaseException as e:
         if isinstance(e, UserError) and created is not None and not writer.rounds:
             shutil.rmtree(created, ignore_errors=True)  # a mistake in the input and nothing ran: leave no directory
@@ -164,6 +180,8 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
             writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        for cb in started:
+            cb.on_run_end(ctx, status)
         if server is not None:
             server.close()
         if started_ray:

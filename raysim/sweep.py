@@ -148,7 +148,7 @@ def _trial(params: dict, tree: dict, sweep_dir: str, cpus: float, gpus: float, m
     def report(row: dict) -> bool:
         """Report to Tune; False (stop the run) when Tune stops the trial, which it signals by SystemExit(0)."""
         if metric not in row:
-            if row["round"] % cfg.eval.every == 0 or row["round"] == cfg.algorithm.rounds:
+            if cfg.evaluates(row["round"]):
                 raise ValueError(f"sweep.metric: {metric!r} is not in the results; "
                                  f"round {row['round']} has {sorted(row)}")
             return True
