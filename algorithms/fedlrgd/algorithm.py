@@ -1,6 +1,7 @@
 """FedLRGD, Algorithm 1 of the FedLRGD paper (specs/fedlrgd.md §3), for torch models.
 
-The server holds r samples x^(0,1..r) and picks r pivot parameters ϑ^(1..r). Per coordinate i,
+The server holds its own r samples x^(0,1..r) (fresh draws from the problem's law, not copies of
+client samples; n = m s + r) and picks r pivot parameters ϑ^(1..r). Per coordinate i,
 G^(i)[j, k] = g_i(x^(0,j); ϑ^(k)). Each client fits the weights that express its samples' gradient
 rows through the server's rows, V_c[:, i] = (G^(i))^{-T} h_c[:, i] with h_c = Σ_j pgrad(x^(c,j), ϑ),
 and uploads V_c one row (a p-vector) per epoch. The server then runs S steps of inexact GD with
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call, grad, vmap
 
+from raysim.algorithms.fedlrgd.sources import SAMPLERS
 from raysim.training import LossKind, sample_losses
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.models import ParamSpec, build_model, initial_vector
@@ -156,8 +158,9 @@ class FedLRGDParams(BaseModel):
     rcond: float = Field(1e-12, gt=0)
     tikhonov: float = Field(1e-12, gt=0)
     chunk_size: int = Field(256, ge=1)
-    server_samples_from: Literal["client", "given"] = Field(
-        "client", description="client: r seeded draws from the pooled training data; given: the constructor's")
+    server_source: str | None = Field(
+        None, description="the smooth source (= data.source) whose law the server draws its own r samples "
+                          "from; None: the constructor's server_data")
 
 
 @dataclass
@@ -220,11 +223,18 @@ class FedLRGD(Algorithm):
 
     @classmethod
     def config_problems(cls, params: FedLRGDParams, cfg) -> list[str]:
-        """Phases B, A and at least one of C, then the final B: r + 2 rounds at least (Algorithm 1)."""
+        """r + 2 rounds at least (Algorithm 1: B, A, C x (r - 1), B), and a law for the server's own samples."""
+        problems = []
         if cfg.algorithm.rounds < params.r + 2:
-            return [f"algorithm.rounds: FedLRGD needs at least r + 2 = {params.r + 2} rounds"
-                    f" (got {cfg.algorithm.rounds}; r = {params.r})"]
-        return []
+            problems.append(f"algorithm.rounds: FedLRGD needs at least r + 2 = {params.r + 2} rounds"
+                            f" (got {cfg.algorithm.rounds}; r = {params.r})")
+        if params.server_source != cfg.data.source:
+            problems.append(f"algorithm.server_source: the server draws its own r samples from the clients' law, "
+                            f"so set it to data.source ({cfg.data.source!r}, got {params.server_source!r})")
+        elif params.server_source not in SAMPLERS:
+            problems.append(f"algorithm.server_source: the server can draw samples only from "
+                            f"{', '.join(sorted(SAMPLERS))}, not {params.server_source!r}")
+        return problems
 
     # ---- setup
 
@@ -237,18 +247,17 @@ class FedLRGD(Algorithm):
         return {"ce": 0.5, "bce": 0.25, "mse": 1.0}[self.params.loss] * sq + self.params.mu
 
     def _server_samples(self, given: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The server's own r samples x^(0,1..r) (§1, §8.1): `given`, else r fresh draws from the law of
+        `server_source` on a stream of their own, so they are never copies of the clients' samples."""
         r = self.params.r
         if given is not None:
             x, y = given
-        elif self.params.server_samples_from == "client" and self.ctx.train_path:
-            from raysim.data import read_table_arrays
-
-            px, py = read_table_arrays(self.ctx.train_path)
-            pick = np.sort(stream(self.ctx.seed, SETUP, SERVER, "fedlrgd_server_samples").choice(len(py), r, replace=False))
-            x, y = px[pick], py[pick]
+        elif self.params.server_source in SAMPLERS:
+            rng = stream(self.ctx.data_seed, SETUP, SERVER, "fedlrgd_server_samples")
+            x, y = SAMPLERS[self.params.server_source](rng, r, math.prod(self.ctx.feature_shape))
         else:
-            raise ValueError("fedlrgd: no server data; pass server_data=(x, y) to the constructor (the runtime "
-                             "Context carries no training-data path to draw the server's r samples from)")
+            raise ValueError(f"fedlrgd: no server data; set server_source to one of {', '.join(sorted(SAMPLERS))} "
+                             f"or pass server_data=(x, y) to the constructor")
         x, y = torch.as_tensor(np.asarray(x)), torch.as_tensor(np.asarray(y))
         if len(y) < r:
             raise ValueError(f"fedlrgd: the server needs r = {r} samples, got {len(y)}")
@@ -266,8 +275,11 @@ class FedLRGD(Algorithm):
         return sample_losses(out, y, self.params.loss)[0] + 0.5 * self.params.mu * (theta * theta).sum()
 
     def objective(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """F(θ) = mean over (x, y) of the per-sample loss (mu term included), differentiable in θ."""
-        return vmap(self.loss, in_dims=(None, 0, 0))(theta.to(F64), x.to(F64), self._labels(y)).mean()
+        """F(θ) of (1)/(3): the per-sample loss (mu term included) averaged over the server's r samples and
+        the clients' samples (x, y), differentiable in θ."""
+        xs = torch.cat([self.x0, x.to(self.device, F64)])
+        ys = torch.cat([self.y0, self._labels(y).to(self.device)])
+        return vmap(self.loss, in_dims=(None, 0, 0))(theta.to(self.device, F64), xs, ys).mean()
 
     # ---- contract
 
@@ -367,8 +379,9 @@ class FedLRGD(Algorithm):
         return gradient_estimate(g0, self.vbar(state), self.n).cpu().numpy()
 
     def evaluate(self, state: FedLRGDState, data: EvalData) -> dict[str, float]:
-        """Test/train metrics of θ, the objective F(θ) (mu term included) on the pooled training sample,
-        the worst finite cond(G^(i)) and the singular and fallback coordinate counts."""
+        """Test/train metrics of θ (train_loss on the clients' pooled sample), the objective F(θ) of (3)
+        (server's r samples weighted r/n, clients' n − r, mu term included), the worst finite cond(G^(i))
+        and the singular and fallback coordinate counts."""
         theta = torch.as_tensor(state.params, device=self.device)
         params = self.spec.unflatten(theta)
         kind = self.params.loss
@@ -376,11 +389,15 @@ class FedLRGD(Algorithm):
         with torch.no_grad():
             out = functional_call(self.module, params, (data.test_x.to(self.device, F64),))
             tr = functional_call(self.module, params, (data.train_x.to(self.device, F64),))
+            server = functional_call(self.module, params, (self.x0,))
         m: dict[str, float] = {"cond_max": state.cond_max, "singular_coords": float(state.singular_coords),
                                "fallback_coords": float(state.fallback_coords)}
         if kind == "ce" and not test_y.is_floating_point():
             m["test_accuracy"] = float((out.argmax(1) == test_y).double().mean())
         m["test_loss"] = float(sample_losses(out, test_y, kind).mean())
         m["train_loss"] = float(sample_losses(tr, train_y, kind).mean())
-        m["train_objective"] = m["train_loss"] + 0.5 * self.params.mu * float((theta * theta).sum())
+        r = self.params.r
+        server_loss = float(sample_losses(server, self.y0, kind).mean())
+        m["train_objective"] = (((self.n - r) * m["train_loss"] + r * server_loss) / self.n
+                                + 0.5 * self.params.mu * float((theta * theta).sum()))
         return m

@@ -8,10 +8,14 @@ before the test hold-out: with test_fraction 0.2, 25 generated give s = 20), fea
   for the soft-label logistic loss (66) (`loss: bce`) of the bias-free `linear` model.
 * `smooth_ridge` (§5.2 A): u ~ U[0,1]^p, y = clip(mean(u) + 0.1 N(0,1), 0, 1), for ridge regression
   (`loss: mse` plus an ℓ2 term); its per-coordinate gradient kernel has exact rank p + 1.
+
+`SAMPLERS` draws fresh samples from the same laws: FedLRGD's server takes its own r samples there
+(specs/fedlrgd.md §1: n = m s + r; the server's data are its own, not copies of the clients').
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -32,6 +36,22 @@ def _per_client(cfg: DataConfig) -> int:
     return s
 
 
+def logistic_draw(rng: np.random.Generator, n: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """n samples of §5.2 B: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
+    x = rng.uniform(0.0, 1.0, (n, p))
+    return x, 1.0 / (1.0 + np.exp(-(3.0 * (x[:, 0] - x[:, 1]) + 0.5 * rng.standard_normal(n))))
+
+
+def ridge_draw(rng: np.random.Generator, n: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """n samples of §5.2 A: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
+    u = rng.uniform(0.0, 1.0, (n, p))
+    return u, np.clip(u.mean(1) + 0.1 * rng.standard_normal(n), 0.0, 1.0)
+
+
+Sampler = Callable[[np.random.Generator, int, int], tuple[np.ndarray, np.ndarray]]
+SAMPLERS: dict[str, Sampler] = {"smooth_logistic": logistic_draw, "smooth_ridge": ridge_draw}
+
+
 def _natural(cfg: DataConfig, s: int) -> np.ndarray:
     return np.repeat(np.arange(cfg.num_clients, dtype=np.int64), s)
 
@@ -43,10 +63,7 @@ def smooth_logistic(cfg: DataConfig, seed: int) -> Source:
     if p < 2:
         raise DataError(f"data.synthetic_features: smooth_logistic needs p >= 2 features, got {p}")
     s = _per_client(cfg)
-    rng = stream(seed, SETUP, SERVER, "smooth_logistic")
-    n = s * cfg.num_clients
-    x = rng.uniform(0.0, 1.0, (n, p))
-    y = 1.0 / (1.0 + np.exp(-(3.0 * (x[:, 0] - x[:, 1]) + 0.5 * rng.standard_normal(n))))
+    x, y = logistic_draw(stream(seed, SETUP, SERVER, "smooth_logistic"), s * cfg.num_clients, p)
     return Source(x, y, (p,), 0, natural_clients=_natural(cfg, s))
 
 
@@ -55,8 +72,5 @@ def smooth_ridge(cfg: DataConfig, seed: int) -> Source:
     """§5.2 A: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
     p = cfg.synthetic_features
     s = _per_client(cfg)
-    rng = stream(seed, SETUP, SERVER, "smooth_ridge")
-    n = s * cfg.num_clients
-    u = rng.uniform(0.0, 1.0, (n, p))
-    y = np.clip(u.mean(1) + 0.1 * rng.standard_normal(n), 0.0, 1.0)
+    u, y = ridge_draw(stream(seed, SETUP, SERVER, "smooth_ridge"), s * cfg.num_clients, p)
     return Source(u, y, (p,), 0, natural_clients=_natural(cfg, s))

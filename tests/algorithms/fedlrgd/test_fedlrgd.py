@@ -1,5 +1,6 @@
 """FedLRGD (specs/fedlrgd.md §3.3) against independent references: exact-rank ridge regression,
-the spec's soft-label logistic problem (§5.2 B), singular G, Definition 1's Gamma, and the h_c variant.
+the spec's soft-label logistic problem (§5.2 B), singular G, Definition 1's Gamma, the h_c variant, and
+the server's own samples (§1, §8.1: fresh draws of the clients' law, never copies of client samples).
 
 The rounds are driven without Ray, the way the server actor does: plan -> step -> aggregate.
 """
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from scipy import stats
 
 from raysim.algorithms.fedlrgd.algorithm import (
     FedLRGD,
@@ -19,12 +21,16 @@ from raysim.algorithms.fedlrgd.algorithm import (
     phase_of,
     solve_weights,
 )
+from raysim.config import load_config
 from raysim.contract import ClientData, Context
+from raysim.data import build_federated, read_table_arrays
+from raysim.experiment import make_algorithm
 from raysim.models import ModelConfig
 from raysim.rng import SERVER, stream
 from raysim.system import CommConfig, Ledger, SystemConfig, SystemModel
 
 F64 = torch.float64
+LOGISTIC = "configs/fedlrgd/fedlrgd_vs_fedavg_logistic_fedlrgd.yaml"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -270,3 +276,43 @@ def test_missing_server_data_is_a_clear_error(ridge):
     _, clients = ridge
     with pytest.raises(ValueError, match="server data"):
         make(None, clients, P_FEAT, 1, r=3, **RIDGE)
+
+
+# ----------------------------------------------------------------------------- the server's own samples (§1, §8.1)
+
+
+def test_server_samples_are_its_own_not_copies_of_client_samples(tmp_path):
+    """The server holds r samples of its own, n = m s + r (§1, (3)): none of them is a client's sample."""
+    cfg = load_config(LOGISTIC)
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    algo = make_algorithm(cfg, fed)
+    x, _ = read_table_arrays(fed.train_path)
+    x0 = algo.x0.numpy()
+    assert x0.shape == (4, 2) and algo.n == fed.num_train + 4 == 1004
+    assert not (x0[:, None, :] == np.asarray(x)[None]).all(-1).any()
+
+
+def test_server_samples_follow_the_clients_law(tmp_path):
+    """r = 4000 server draws follow §5.2 B: each feature U[0,1] (KS p > 1e-3) and
+    logit(y) − 3(x1 − x2) ~ N(0, 0.5²) (mean within 4 s.e., sd within 0.03); fixed by the data seed."""
+    cfg = load_config(LOGISTIC, {"algorithm.r": 4000, "algorithm.rounds": 4002})
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    algo = make_algorithm(cfg, fed)
+    x, y = algo.x0.numpy(), algo.y0.numpy()
+    assert all(stats.kstest(x[:, i], "uniform").pvalue > 1e-3 for i in range(2))
+    resid = np.log(y / (1 - y)) - 3 * (x[:, 0] - x[:, 1])
+    assert abs(resid.mean()) < 4 * 0.5 / np.sqrt(4000) and abs(resid.std() - 0.5) < 0.03
+    again = make_algorithm(load_config(LOGISTIC, {"algorithm.r": 4000, "algorithm.rounds": 4002, "seed": 1,
+                                                  "data.partition_seed": 0}), fed)
+    assert np.array_equal(again.x0.numpy(), x)
+
+
+def test_config_problems_name_rounds_and_the_server_law():
+    cfg = load_config(LOGISTIC)
+    params = cfg.algorithm_params()
+    assert FedLRGD.config_problems(params, cfg) == []
+    short = params.model_copy(update={"r": 5})
+    assert FedLRGD.config_problems(short, cfg)[0].startswith("algorithm.rounds: FedLRGD needs at least r + 2 = 7")
+    for law in (None, "smooth_ridge"):
+        (problem,) = FedLRGD.config_problems(params.model_copy(update={"server_source": law}), cfg)
+        assert problem.startswith("algorithm.server_source") and "smooth_logistic" in problem
