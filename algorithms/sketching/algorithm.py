@@ -9,7 +9,8 @@ The same R_t encodes round t's uploads and decodes Δw̃^t (spec §8.1): it is r
 from (seed, t) with `raysim.algorithms.sketching.sketch.make_sketch`, never sent. The server keeps an evaluation
 replica updated by the same code as the clients' (not counted as communication), so its model
 after round T is w^{T+1}. With `dp:` each local gradient is the mean of per-example gradients
-clipped to C plus fresh N(0, σ²I) noise per (client, round, step), σ from Lemma H.7 (§5.5).
+clipped to C plus fresh N(0, σ²I) noise per (client, round, step), σ from Lemma H.7 (§5.5) with the
+Δ₂ of that batch's actual size (under `batch_mean`, 2C/B' for a pass's short last batch of B' < B).
 With K = 1 and full-batch gradients the method is sketched GD, w ← w − η_g η_l R_tᵀR_t ∇f(w) (§2.3).
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ class DPParams(BaseModel):
     delta: float = Field(1e-5, gt=0, lt=1, description="per-step δ̂")
     clip: float = Field(1.0, gt=0, description="per-example gradient clipping norm C (= ℓ_c)")
     sensitivity: Literal["replace_one", "batch_mean"] = Field(
-        "replace_one", description="Δ₂ = 2C (any batch size) or 2C/B (batch mean, replace-one)")
+        "replace_one", description="Δ₂ = 2C (any batch size) or 2C/B' (batch mean, replace-one; B' the batch's own size)")
     accountant_delta: float = Field(1e-5, gt=0, lt=1, description="δ' of the rigorous advanced composition")
     strict: bool = Field(True, description="require ε̂ < min(1, 1/√K) (Lemmas H.7, H.9)")
 
@@ -118,10 +119,9 @@ class IterativeSketchingFL(LocalSGD):
             raise ValueError(f"algorithm.clients_per_round: IterativeSketchingFL is full participation (spec §2.6);"
                              f" set it to data.num_clients={ctx.num_clients} (got {ctx.clients_per_round})")
         self.sigma = 0.0
-        if p.dp is not None:
-            batch = p.batch_size or int(np.max(ctx.client_sizes))
-            self.delta2 = sensitivity(p.dp.clip, batch, p.dp.sensitivity)
-            self.sigma = gaussian_sigma(p.dp.epsilon, p.dp.delta, self.delta2)
+        if p.dp is not None:  # σ/Δ₂ is fixed by (ε̂, δ̂); Δ₂ (so σ) is each batch's own, see step_many
+            self.noise_multiplier = gaussian_sigma(p.dp.epsilon, p.dp.delta, 1.0)
+            self.sigma = self.noise_multiplier * float(sensitivity(p.dp.clip, self.batch_width, p.dp.sensitivity))
             self._pex = vmap(vmap(grad(self._example_loss), in_dims=(None, 0, 0)))
         self._sketches: dict[int, Sketch] = {}
 
@@ -197,8 +197,12 @@ class IterativeSketchingFL(LocalSGD):
             idx[i, :, : bp.idx.shape[1]] = torch.from_numpy(bp.idx)
             w[i, :, : bp.idx.shape[1]] = torch.from_numpy(bp.w)
         if p.dp is not None:  # fresh per (client, round, step), keyed (seed, round, client, "dp")
-            noise = torch.stack([torch.randn((p.local_steps, self.d), generator=torch_stream(self.ctx.seed, t, d.client_id, "dp"),
-                                             dtype=self.dtype) for d in datas]).to(self.device)
+            sizes = np.stack([bp.w.sum(1) for bp in plans])  # [k, K]: a pass's last batch may be short
+            delta2 = sensitivity(p.dp.clip, sizes, p.dp.sensitivity)
+            sigma = torch.as_tensor(self.noise_multiplier * delta2, dtype=self.dtype)
+            noise = (sigma[..., None] * torch.stack([
+                torch.randn((p.local_steps, self.d), generator=torch_stream(self.ctx.seed, t, d.client_id, "dp"),
+                            dtype=self.dtype) for d in datas])).to(self.device)
         theta_g = torch.as_tensor(replica.params, device=self.device)
         theta = theta_g.expand(k, -1).clone()
         rows = torch.arange(k, device=self.device)[:, None]
@@ -206,7 +210,7 @@ class IterativeSketchingFL(LocalSGD):
         for s in range(p.local_steps):
             g = self._grads(theta, x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s])
             if p.dp is not None:
-                g = g + self.sigma * noise[:, s]
+                g = g + noise[:, s]
             theta.addcmul_(every, g, value=-p.lr)  # FedAvg's step_many arithmetic (fused), so `none` == FedAvg bitwise
         weights = [float(len(d)) if p.weighting == "samples" else 1.0 for d in datas]
         scaled = torch.tensor(weights, dtype=self.dtype, device=self.device)[:, None] * (theta - theta_g)
@@ -227,11 +231,12 @@ class IterativeSketchingFL(LocalSGD):
         return ServerState(self.apply_broadcast(state.params, delta, t), delta, t), Cost()
 
     def evaluate(self, state: ServerState, data: EvalData) -> dict[str, float]:
-        """FedAvg's metrics of the replica, the sketch size, and under DP σ and the accountants after t·K steps."""
+        """FedAvg's metrics of the replica, the sketch size, and under DP σ (of the largest batch) and the accountants
+        after t·K steps (σ/Δ₂ is the same for every batch, so they hold for short batches too)."""
         metrics = {**super().evaluate(state, data), "sketch_b": float(self.b)}
         dp = self.params.dp
         if dp is not None:
             metrics["dp_sigma"] = self.sigma
-            metrics.update(accountant_report(dp.epsilon, dp.delta, self.sigma / self.delta2,
+            metrics.update(accountant_report(dp.epsilon, dp.delta, self.noise_multiplier,
                                              state.round * self.params.local_steps, dp.accountant_delta))
         return metrics

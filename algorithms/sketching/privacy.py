@@ -27,12 +27,14 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     return math.sqrt(2.0 * math.log(1.25 / delta)) * sensitivity / epsilon
 
 
-def sensitivity(clip: float, batch_size: int, kind: str = "replace_one") -> float:
-    """Δ₂ of a clipped minibatch mean: 2C (`replace_one`, valid at any batch size, the default) or 2C/B (`batch_mean`)."""
+def sensitivity(clip: float, batch_size: int | np.ndarray, kind: str = "replace_one") -> float | np.ndarray:
+    """Δ₂ of a clipped minibatch mean over `batch_size` examples (elementwise for an array of actual sizes):
+    2C (`replace_one`, valid at any batch size, the default) or 2C/B (`batch_mean`, B the batch's own size)."""
+    sizes = np.asarray(batch_size, dtype=float)
     if kind == "replace_one":
-        return 2.0 * clip
+        return 2.0 * clip * np.ones_like(sizes)
     if kind == "batch_mean":
-        return 2.0 * clip / batch_size
+        return 2.0 * clip / sizes
     raise ValueError(f"dp.sensitivity: unknown {kind!r}; allowed: ['batch_mean', 'replace_one']")
 
 

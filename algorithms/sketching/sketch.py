@@ -26,9 +26,16 @@ def next_pow2(d: int) -> int:
     return 1 << max(0, (d - 1).bit_length())
 
 
+def srht_second_moment(b: int, d: int) -> float:
+    """c_R of the zero-padded SRHT R = sqrt(d'/b) S H D P (P pads R^d with zeros to d' = next_pow2(d)):
+    d/b + (b−1)(d'−d)/(b(d'−1)); the spec's d'/b (§7 A6) holds only for d = d'. Derivation in the README."""
+    dp = next_pow2(d)
+    return d / b + (b - 1) * (dp - d) / (b * (dp - 1)) if dp > d else d / b
+
+
 def second_moment(kind: str, b: int, d: int) -> float:
-    """Exact c_R = E‖RᵀR v‖² / ‖v‖² for every v (spec §2.5 table)."""
-    exact = {"none": 1.0, "gaussian": 1 + (d + 1) / b, "srht": next_pow2(d) / b, "ams": 1 + (d - 1) / b,
+    """Exact c_R = E‖RᵀR v‖² / ‖v‖² for every v (spec §2.5 table; SRHT corrected for zero padding)."""
+    exact = {"none": 1.0, "gaussian": 1 + (d + 1) / b, "srht": srht_second_moment(b, d), "ams": 1 + (d - 1) / b,
              "countsketch": 1 + (d - 1) / b, "sparse_i": 1 + (d - 1) / b, "sparse_ii": 1 + (d - 1) / b,
              "uniform": d / b}
     return exact[kind]

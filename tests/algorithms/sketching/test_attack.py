@@ -97,12 +97,33 @@ def test_attacker_sees_only_what_the_threat_model_grants():
     assert list(inspect.signature(reconstruct).parameters) == ["view", "rng", "optimizer", "restarts", "iters", "tol"]
     assert [f.name for f in dataclasses.fields(SketchKey)] == ["kind", "b", "d", "seed", "round", "nnz_per_col"]
     assert not hasattr(attack, "ClientData") and "raysim.data" not in inspect.getsource(attack)
-    # two victims with different data but the same upload are indistinguishable to the attacker
-    model, x_true, key, view = linear_case(6)
-    again = ThreatView(model, view.params, key, view.lr, view.upload.clone())
-    a = reconstruct(view, np.random.default_rng(2), "lm", 1, 50)
-    b = reconstruct(again, np.random.default_rng(2), "lm", 1, 50)
-    assert torch.equal(a.x, b.x)
+
+
+def test_different_data_same_upload_same_reconstruction():
+    """Two victims whose data differ (by 3 in x_m) but whose uploads are bitwise equal get bitwise equal reconstructions,
+    so one of them is missed by ≥ 1.5: the attacker's output depends on the upload alone (§7 D22).
+
+    The linear toy's last column of A is zero, so x_m never reaches the gradient; with b = 12 ≥ m the attack recovers
+    x_1..x_{m−1} exactly. Each reconstruction runs right after its own victim's upload, so any channel from the victim
+    to the attacker besides the upload (a module global, an attribute on the shared model) changes its output.
+    """
+    m, d, b, lr = 8, 40, 12, 0.1
+    rng = np.random.default_rng(0)
+    A = torch.from_numpy(rng.standard_normal((d, m)))
+    A[:, -1] = 0.0
+    model = LinearToy(A, torch.from_numpy(rng.standard_normal(d)))
+    key, params = SketchKey("gaussian", b, d, seed=3, round=1), torch.zeros(d, dtype=torch.float64)
+    x1 = torch.from_numpy(rng.standard_normal(m))
+    x2 = x1.clone()
+    x2[-1] += 3.0
+    uploads, recs = [], []
+    for x in (x1, x2):
+        uploads.append(client_upload(model, params, x, lr, key))
+        recs.append(reconstruct(ThreatView(model, params, key, lr, uploads[-1]), np.random.default_rng(2), "lm", 1, 50).x)
+    assert torch.equal(uploads[0], uploads[1])
+    assert torch.equal(recs[0], recs[1])
+    assert float(torch.max(torch.abs(recs[0][:-1] - x1[:-1]))) < 1e-8
+    assert max(float(torch.linalg.norm(r - x)) for r, x in zip(recs, (x1, x2))) >= 1.5
 
 
 def test_attack_command_writes_table_and_plot(tmp_path):

@@ -16,7 +16,8 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from raysim.algorithms.sketching.sketch import KINDS, PAPER_A, ColumnSparse, fwht, make_sketch, next_pow2, paper_alpha, second_moment
+from raysim.algorithms.sketching.sketch import (KINDS, PAPER_A, SRHT, ColumnSparse, fwht, make_sketch, next_pow2, paper_alpha,
+                                               second_moment)
 
 torch.set_num_threads(1)
 SKETCHES = [k for k in KINDS if k != "none"]
@@ -93,6 +94,38 @@ def test_unbiased_and_exact_second_moment(kind):
         assert cR <= 1 + paper_alpha(kind, B, D)
     assert second_moment("gaussian", 4, 16) == 5.25 and second_moment("countsketch", 4, 16) == 4.75
 
+
+
+@pytest.mark.parametrize("b,exact", [(10, 10.198425), (50, 2.216063)])
+def test_padded_srht_second_moment_monte_carlo(b, exact):
+    """d = 100 zero-padded to d' = 128: c_R = d/b + (b−1)(d'−d)/(b(d'−1)), not d'/b (12.8, 2.56).
+
+    400 draws of make_sketch; the mean of ‖RᵀRv‖²/‖v‖² for e1, 1/√d and a ramp is within 4 s.e. of c_R,
+    and 4 s.e. is under half the gap to d'/b, so the old constant cannot pass.
+    """
+    d, n = 100, 400
+    assert second_moment("srht", b, d) == pytest.approx(exact, abs=1e-6)
+    V = torch.stack([torch.eye(d, dtype=torch.float64)[0], torch.ones(d, dtype=torch.float64) / 10,
+                     torch.linspace(-1, 2, d, dtype=torch.float64)])
+    ratios = torch.stack([(lambda s: (s.desk(s.sk(V)) ** 2).sum(1) / (V**2).sum(1))(make_sketch("srht", b, d, 17, t))
+                          for t in range(n)])
+    se = ratios.std(0) / math.sqrt(n)
+    assert torch.all(torch.abs(ratios.mean(0) - exact) <= 4 * se), (ratios.mean(0), se)
+    assert torch.all(4 * se < (128 / b - exact) / 2)
+
+
+def test_padded_srht_second_moment_exact_over_row_choices():
+    """d = 5, d' = 8, b = 3: averaging ‖RᵀRv‖² over all C(8, 3) row sets (for fixed random signs) gives
+    c_R‖v‖² = (5/3 + 2·3/(3·7))‖v‖² = (41/21)‖v‖² exactly, for any signs and any v."""
+    d, b, dp = 5, 3, 8
+    rng = np.random.default_rng(0)
+    V = torch.tensor(rng.standard_normal((3, d)))
+    subsets = list(itertools.combinations(range(dp), b))
+    for _ in range(3):
+        signs = torch.tensor(rng.choice([-1.0, 1.0], dp))
+        total = sum(((lambda s: s.desk(s.sk(V)))(SRHT(b, d, signs, torch.tensor(idx))) ** 2).sum(1) for idx in subsets)
+        np.testing.assert_allclose((total / len(subsets) / (V**2).sum(1)).numpy(), 41 / 21, rtol=1e-12)
+    assert second_moment("srht", b, d) == pytest.approx(41 / 21, rel=1e-12)
 
 @pytest.mark.parametrize("kind", SKETCHES)
 def test_coordinatewise_embedding_constant(kind):

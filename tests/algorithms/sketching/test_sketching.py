@@ -1,5 +1,6 @@
 """IterativeSketchingFL (Algorithms 1/2) against FedAvg, sketched GD computed independently, the DP
 calibration, and an end-to-end run on Ray (specs/sketching.md §7 B-C, E)."""
+import math
 import pickle
 
 import numpy as np
@@ -7,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from scipy.linalg import hadamard
 from sklearn.datasets import load_digits
 
 import raysim
@@ -22,19 +24,24 @@ torch.set_num_threads(1)
 SIZES = [20, 35, 50]
 
 
-@pytest.fixture(scope="module")
-def datas():
+def digits_clients(sizes):
+    """Clients holding `sizes` distinct random digits each (features in [0, 1])."""
     x, y = load_digits(return_X_y=True)
     rng = np.random.default_rng(0)
     out = []
-    for c, n in enumerate(SIZES):
+    for c, n in enumerate(sizes):
         i = rng.choice(len(y), n, replace=False)
         out.append(ClientData(c, torch.tensor(x[i] / 16.0), torch.tensor(y[i])))
     return out
 
 
-def make(cls, model="mlp", **params):
-    ctx = Context(seed=3, rounds=5, clients_per_round=len(SIZES), num_clients=len(SIZES), client_sizes=np.array(SIZES),
+@pytest.fixture(scope="module")
+def datas():
+    return digits_clients(SIZES)
+
+
+def make(cls, model="mlp", sizes=SIZES, **params):
+    ctx = Context(seed=3, rounds=5, clients_per_round=len(sizes), num_clients=len(sizes), client_sizes=np.array(sizes),
                   feature_shape=(64,), image_shape=None, num_classes=10,
                   model=ModelConfig(name=model, hidden=[8], dtype="float64"), params=cls.Params(**params))
     return cls(ctx)
@@ -129,6 +136,92 @@ def test_dp_noise_matches_calibration_and_is_fresh(datas):
     assert abs(xi.mean()) < 4 * xi.std() / np.sqrt(xi.size)
     corr = np.corrcoef(xi[:-3].reshape(-1), xi[3:].reshape(-1))[0, 1]  # other rounds / clients
     assert abs(corr) < 0.02
+
+
+@pytest.mark.parametrize("batch_size,batches", [
+    (4, [[4, 4, 2], [3, 3, 3], [4, 4, 4]]),  # n = 10: a pass's last batch has 2; n = 3 < B
+    (None, [[10] * 3, [3] * 3, [8] * 3]),  # full batch: each client's own size, not the largest
+])
+def test_batch_mean_sensitivity_uses_each_batch_size(batch_size, batches):
+    """`batch_mean`: a step over B' examples adds N(0, σ²I) with σ = sqrt(2 ln(1.25/δ̂))·2C/(ε̂ B'), the Δ₂ of a mean of
+    B' clipped gradients; so K = 3 steps add noise of per-coordinate std sqrt(Σ_s σ_s²), within 3% over 20 rounds.
+
+    Clients hold 10, 3 and 8 examples; C is far above every gradient norm, so DP minus noiseless update (same
+    batches, lr 1) is the noise (the gradients' O(10) difference is negligible next to σ ≈ 1e4).
+    """
+    sizes, eps, delta, clip = [10, 3, 8], 0.5, 1e-5, 1e4
+    kw = dict(sketch="none", lr=1.0, local_steps=3, batch_size=batch_size)
+    dp = make(IterativeSketchingFL, model="logreg", sizes=sizes,
+              dp={"epsilon": eps, "delta": delta, "clip": clip, "sensitivity": "batch_mean"}, **kw)
+    plain = make(IterativeSketchingFL, model="logreg", sizes=sizes, **kw)
+    clients = digits_clients(sizes)
+    replicas = [dp.client_init(c) for c in range(3)]
+    noise = [[] for _ in sizes]
+    for t in range(1, 21):
+        bc = Broadcast(t, None, t - 1)
+        rngs = lambda: [stream(0, t, c, "step") for c in range(3)]  # noqa: E731
+        noisy, clean = dp.step_many(replicas, clients, bc, rngs()), plain.step_many(replicas, clients, bc, rngs())
+        for c, (a, b) in enumerate(zip(noisy, clean)):
+            noise[c].append(b[0].total - a[0].total)
+    z = np.sqrt(2 * np.log(1.25 / delta)) / eps
+    for c, steps in enumerate(batches):
+        want = np.sqrt(sum((z * 2 * clip / n) ** 2 for n in steps))
+        assert abs(np.std(noise[c]) / want - 1) < 0.03, (sizes[c], np.std(noise[c]) / want)
+
+
+def isotropic_clients(seed: int, n: int = 16, k: int = 8, N: int = 4):
+    """N clients of n examples whose design [1, x] is the n×n Hadamard matrix (ZᵀZ = nI), so logreg with the mse loss
+    has f_c(w) = ½‖w − a_c‖² + const exactly (h = 1, d = nk); returns them and w* = mean a_c in the model's layout."""
+    Z = hadamard(n).astype(float)
+    rng = np.random.default_rng([5, seed])
+    Ys = [rng.normal(0.0, 0.5, (n, k)) for _ in range(N)]
+    theta = np.mean([Z.T @ Y / n for Y in Ys], axis=0)  # row 0: the bias, rows 1..: the weights' columns
+    clients = [ClientData(c, torch.tensor(Z[:, 1:]), torch.tensor(Y)) for c, Y in enumerate(Ys)]
+    return clients, np.concatenate([theta[1:].T.ravel(), theta[0]])
+
+
+def dp_floor_ratio(kind: str, b: int, eta: float, c_R: float, seeds: int, rounds: int, burn: int = 50) -> float:
+    """MC / predicted E‖w − w*‖² of Algorithm 2 (K = 1, full batch) run by IterativeSketchingFL on `isotropic_clients`,
+    averaged over rounds burn+1..rounds; the prediction is §5.5's η² c_R d σ² / (N (2ηh − η²h²c_R)).
+
+    σ = sqrt(2 ln(1.25/δ̂))·2C/ε̂ is computed here by hand; C = 100 is far above every per-example gradient norm
+    (≤ 16‖w − a_c‖ < 40 here), so clipping is inactive and the model stays exactly quadratic.
+    """
+    N, n, k, eps, delta, clip = 4, 16, 8, 5000.0, 1e-5, 100.0
+    sigma = math.sqrt(2 * math.log(1.25 / delta)) * 2 * clip / eps
+    params = SketchingParams(sketch=kind, b_sketch=b, lr=eta, loss="mse",
+                             dp={"epsilon": eps, "delta": delta, "clip": clip, "strict": False})
+    errs = []
+    for seed in range(seeds):
+        clients, w_star = isotropic_clients(seed, n, k, N)
+        ctx = Context(seed=seed, rounds=rounds, clients_per_round=N, num_clients=N, client_sizes=np.full(N, n),
+                      feature_shape=(n - 1,), image_shape=None, num_classes=k,
+                      model=ModelConfig(name="logreg", dtype="float64"), params=params)
+        states, _, _ = run_rounds(IterativeSketchingFL(ctx), clients, rounds)
+        errs += [float(((s.params - w_star) ** 2).sum()) for s in states[burn + 1:]]
+    d = n * k
+    return np.mean(errs) / (eta**2 * c_R * d * sigma**2 / (N * (2 * eta - eta**2 * c_R)))
+
+
+@pytest.mark.parametrize("kind,b,eta,c_R,seeds,rounds", [
+    ("none", 128, 0.5, 1.0, 1, 150),
+    ("countsketch", 32, 0.1, 1 + 127 / 32, 2, 250),
+])
+def test_dp_noise_floor_of_the_algorithm(kind, b, eta, c_R, seeds, rounds):
+    """§5.5/§7 C17: the DP noise floor of IterativeSketchingFL's own steps matches the exact isotropic formula within 5%
+    (d = 128, N = 4; the seeds' spread is about 1.5%)."""
+    assert abs(dp_floor_ratio(kind, b, eta, c_R, seeds, rounds) - 1) < 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,b,c_R", [
+    ("none", 128, 1.0), ("countsketch", 32, 1 + 127 / 32), ("gaussian", 32, 1 + 129 / 32), ("srht", 32, 4.0),
+])
+def test_dp_noise_floor_of_the_algorithm_all_kinds(kind, b, c_R):
+    """As above with 8 seeds x 600 rounds at η = 0.1: within 2%."""
+    ratio = dp_floor_ratio(kind, b, 0.1, c_R, seeds=8, rounds=600)
+    print(f"{kind}: MC/predicted floor {ratio:.4f}")
+    assert abs(ratio - 1) < 0.02
 
 
 def test_dp_error_grows_as_epsilon_falls(datas):
