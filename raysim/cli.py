@@ -12,7 +12,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="raysim: federated optimization on Ray. A mistake in the input is one line and exit status 2;"
                        " add --debug anywhere (or set RAYSIM_DEBUG=1) for the traceback.")
 console = Console(soft_wrap=True)
-BUILTIN_COMMANDS = ("run", "sweep", "report")  # need no family command; `list` shows them all
+BUILTIN_COMMANDS = ("run", "sweep", "report", "retime")  # need no family command; `list` shows them all
 errors = Console(stderr=True, soft_wrap=True)  # one error, one line: never wrapped at the terminal width
 
 
@@ -53,6 +53,23 @@ def report(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
 
     for path in make_report(run_dir):
         console.print(str(path))
+
+
+@app.command()
+def retime(
+    run_dir: Path = typer.Argument(..., help="a finished (or stopped) run directory"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="system.key=value under the new system model; repeatable"),
+    out: Optional[Path] = typer.Option(None, help="write here instead of runs/<name>-retimed-<time>"),
+) -> None:
+    """Re-time a run under another system model from its recorded costs, without retraining."""
+    from raysim.results import RunResult
+    from raysim.retime import retime as retime_run
+
+    result = retime_run(run_dir, set_ or [], out)
+    before, after = RunResult.load(run_dir).rounds.iloc[-1], result.rounds.iloc[-1]
+    console.print(f"{len(result.rounds)} rounds  sim_time {before['sim_time']:.1f} -> {after['sim_time']:.1f}"
+                  f"  gamma {before['gamma']:.1f} -> {after['gamma']:.1f}")
+    console.print(f"results: {result.run_dir}")
 
 
 @app.command()

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from raysim import checkpoint
-from raysim.contract import EvalData, Plan
+from raysim.contract import Cost, EvalData, Plan
 from raysim.data import FederatedData, read_table_arrays
 from raysim.experiment import Experiment
 from raysim.models import DTYPES
@@ -59,6 +59,7 @@ class RoundOutcome:
     timing: RoundTiming
     totals: dict
     late: list[int]
+    server_cost: Cost
 
 
 class RoundEngine:
@@ -107,7 +108,8 @@ class RoundEngine:
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
         server_time = self.system.server_compute_time(rp.round, server_cost)
         timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped, rp.keep)
-        return RoundOutcome(arrived, costs, cpu, timing, self.ledger.add(timing, costs, server_cost, rp.broadcast_bytes * len(rp.clients)), sorted(late))
+        totals = self.ledger.add(timing, costs, server_cost, rp.broadcast_bytes * len(rp.clients))
+        return RoundOutcome(arrived, costs, cpu, timing, totals, sorted(late), server_cost)
 
     def checkpoint_due(self, round: int) -> bool:
         """Whether the run checkpoints after `round` (every `checkpoint.every` rounds and the last)."""
@@ -135,6 +137,8 @@ class RoundEngine:
             "selected": len(rp.clients),
             "dropped": dropped + len(out.late),
             **out.totals,
+            "server_oracle_calls": out.server_cost.oracle_calls,
+            "server_oracle_batches": out.server_cost.oracle_batches,
             "round_sim_time": timing.round_time,
             "round_wall_s": time.perf_counter() - rp.started,
             "client_cpu_s": float(sum(out.cpu)),
@@ -143,13 +147,14 @@ class RoundEngine:
             **metrics,
         }
         client_rows = [
-            {"round": round, "client_id": c, "oracle_calls": cost.oracle_calls,
+            {"round": round, "client_id": c, "oracle_calls": cost.oracle_calls, "oracle_batches": cost.oracle_batches,
+             "upload_vectors": cost.upload_vectors,
              "upload_bytes": 0 if d else cost.upload_bytes, "download_bytes": rp.broadcast_bytes,
              "compute_time": float(timing.compute_time[i]),
              "upload_time": float(timing.upload_time[i]), "finish_time": float(timing.finish_time[i]),
              "dropped": bool(d), "cpu_s": out.cpu[i]}
             for i, (c, cost, d) in enumerate(zip(out.arrived, out.costs, timing.dropped))
-        ] + [{"round": round, "client_id": c, "oracle_calls": 0, "upload_bytes": 0,
+        ] + [{"round": round, "client_id": c, "oracle_calls": 0, "oracle_batches": 0, "upload_vectors": 0.0, "upload_bytes": 0,
               "download_bytes": rp.broadcast_bytes, "compute_time": np.nan,
               "upload_time": 0.0, "finish_time": np.nan, "dropped": True, "cpu_s": np.nan} for c in out.late]
         return row, client_rows

@@ -82,6 +82,7 @@ CASES = [
     ("sweep space not a list", ["sweep", "{bad_space.yaml}"], "sweep.space.algorithm.mu.grid"),
     ("sweep without a sweep section", ["sweep", QUICK], "sweep"),
     ("report of a directory that is not a run", ["report", "{not_a_run}"], "not_a_run"),
+    ("retime of a directory that is not a run", ["retime", "{not_a_run}", "--set", "system.comm.nu=3"], "not_a_run"),
     ("callback of an unknown kind", ["run", QUICK, "callbacks=[{kind: slack}]"], "callbacks.0"),
     ("early stopping without a patience", ["run", QUICK, "callbacks=[{kind: early_stopping, metric: test_loss}]"],
      "callbacks.0.early_stopping.patience"),
