@@ -21,11 +21,12 @@ pass of exact proxes each centred at the running local iterate.
 FedProx's `eta` is the paper's prox step; Li et al.'s mu is 1/eta (give one of them).
 The pure functions below are the math; the classes only wire them into the contract.
 
-Targets are responses (n,), or the regression sources' pairs [response, f_i*(x)] (n, 2): clients
-train on the response; the noise-free truth is an evaluation-only oracle (§2.3). With it, clients
-report the SSE of the broadcast f_{t-1} against f_i* and evaluate() adds ||f_{t-1} - f*||_N^2,
-the test error against f*, ||theta_t - theta*|| (feature form, when the test truth is one
-function of the RKHS) and, for `gain_clients`, the federation gain FG_j of §4.3 per round.
+Targets are responses (n,), or the regression sources' rows [response, f_i*(x)] (n, 2), followed
+by theta_i* for the finite-rank models (n, 2 + D): clients train on the response; the rest is an
+evaluation-only oracle (§2.3). With it, clients report the SSE of the broadcast f_{t-1} against
+f_i* and evaluate() adds ||f_{t-1} - f*||_N^2, the test error against f*, ||theta_t - theta*||
+(feature form, when the test truth is one function of the RKHS) and, for `gain_clients`, the
+federation gain FG_j of §4.3 per round (data-scarce clients included, through the carried theta_j*).
 """
 from __future__ import annotations
 
@@ -299,21 +300,42 @@ def kernel_of(p: KernelFedAvgParams):
     return make_kernel(p.kernel)
 
 
-def split_targets(y) -> tuple[np.ndarray, np.ndarray | None]:
-    """(responses, noise-free truth or None) as float64 (torch or numpy): 1-D targets are
-    responses; (n, 2) targets are the regression sources' [response, f*(x)]."""
+def _float64(y) -> np.ndarray:
     if hasattr(y, "detach"):
         y = y.detach().cpu().numpy()
-    y = np.asarray(y, dtype=np.float64)
-    if y.ndim == 2 and y.shape[1] == 2:
+    return np.asarray(y, dtype=np.float64)
+
+
+def split_targets(y) -> tuple[np.ndarray, np.ndarray | None]:
+    """(responses, noise-free truth or None) as float64 (torch or numpy): 1-D targets are
+    responses; (n, k >= 2) targets are the regression sources' [response, f*(x), theta* ...]."""
+    y = _float64(y)
+    if y.ndim == 2 and y.shape[1] >= 2:
         return y[:, 0], y[:, 1]
     return y.reshape(-1), None
+
+
+def truth_theta(Phi: np.ndarray, y, rtol: float = 1e-9) -> np.ndarray | None:
+    """theta* of rows whose truth is one function of the RKHS: the coefficients the finite-rank
+    regression sources carry after [response, f*(x)] when all rows carry the same ones and they
+    give f*(x) = Phi theta* (to rtol), which holds for a data-scarce client (n_j < D) too; else
+    `truth_coefficients` of the truth values (None for rows of different truths)."""
+    y = _float64(y)
+    _, truth = split_targets(y)
+    if truth is None:
+        return None
+    coefs = y[:, 2:]
+    if len(coefs) and coefs.shape[1] == Phi.shape[1] and np.all(coefs == coefs[0]):
+        theta = coefs[0]
+        if np.linalg.norm(Phi @ theta - truth) <= rtol * max(1.0, np.linalg.norm(truth)):
+            return theta
+    return truth_coefficients(Phi, truth, rtol)
 
 
 @dataclass
 class GainReference:
     """Client j's side of FG_j: its local min-norm least squares, its truth coefficients when its
-    own truth values determine them (else None), and those values (Phi_j, f_j*(x_j))."""
+    rows determine them (`truth_theta`; else None), and its truth values (Phi_j, f_j*(x_j))."""
 
     client: int
     theta_local: np.ndarray
@@ -440,7 +462,7 @@ class KernelFedAvg(Algorithm):
                 raise ValueError("algorithm.gain_clients: the federation gain needs a regression source with "
                                  "noise-free truth (targets [response, f*(x)]), e.g. data.source linear_regression")
             Phi = self.kernel.features(x)
-            refs.append(GainReference(j, local_estimator(Phi, response), truth_coefficients(Phi, truth), Phi, truth))
+            refs.append(GainReference(j, local_estimator(Phi, response), truth_theta(Phi, y), Phi, truth))
         return tuple(refs)
 
     def plan(self, state, round: int, rng: np.random.Generator) -> Plan:
@@ -569,9 +591,8 @@ class KernelFedAvg(Algorithm):
 
     def _coefficient_metrics(self, state: FeatureState, data: EvalData) -> dict[str, float]:
         """||theta_t - theta*|| when the test truth is one function of the RKHS, and FG_j of §4.3 with
-        theta_j* from client j's own truth values or, failing that, the test truth if it fits them."""
-        response, truth = split_targets(data.test_y) if data.test_x is not None else (np.zeros(0), None)
-        star = None if truth is None else truth_coefficients(self.kernel.features(data.test_x), truth)
+        theta_j* from client j's rows (`truth_theta`) or, failing that, the test truth if it fits them."""
+        star = None if data.test_x is None else truth_theta(self.kernel.features(data.test_x), data.test_y)
         out = {} if star is None else {"coef_error": float(np.linalg.norm(state.theta - star))}
         for ref in state.gains:
             theta_j = ref.theta_star

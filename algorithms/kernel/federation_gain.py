@@ -34,6 +34,31 @@ def federation_gains(Phis, ys, theta_fl: np.ndarray, theta_stars, squared: bool 
                      for P, y, ts in zip(Phis, ys, theta_stars)])
 
 
+def local_risk_gaussian(theta_star: np.ndarray, n: int, sigma: float) -> float:
+    """E||pinv(X) y - theta*||^2 for X of n i.i.d. N(0, I_d) rows and N(0, sigma^2) noise (spec §5.2):
+    (1 - n/d)||theta*||^2 + sigma^2 n/(d - n - 1) for n < d - 1 (the min-norm solution misses the part
+    of theta* off a uniformly random n-dim row space; the noise term is E tr((X X')^-1)), and
+    sigma^2 d/(n - d - 1) for n > d + 1 (OLS)."""
+    d = len(theta_star)
+    if n < d - 1:
+        return (1.0 - n / d) * float(theta_star @ theta_star) + sigma ** 2 * n / (d - n - 1)
+    if n > d + 1:
+        return sigma ** 2 * d / (n - d - 1)
+    raise ValueError(f"the Gaussian local risk is infinite for n = {n} within one of d = {d}")
+
+
+def gain_gaussian(theta_stars: np.ndarray, sizes, j: int, sigma: float) -> float:
+    """Closed-form FG_j of the Fig. 4 model (Gaussian covariates, truths theta_i*): sqrt(local_risk_gaussian /
+    (||sum_i w_i theta_i* - theta_j*||^2 + sigma^2 d/(N - d - 1))), w_i = n_i/N. The denominator is the
+    pooled-OLS (FedAvg s = 1) risk, exact in expectation at Gamma = 0; for Gamma > 0 it replaces the
+    matrix-weighted average of the truths (§2.4) by the sample-weighted one."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    N, d = float(sizes.sum()), theta_stars.shape[1]
+    gap = (sizes / N) @ theta_stars - theta_stars[j]
+    federated = float(gap @ gap) + sigma ** 2 * d / (N - d - 1)
+    return float(np.sqrt(local_risk_gaussian(theta_stars[j], int(sizes[j]), sigma) / federated))
+
+
 def local_risk_lower(n_j: float, d: float, sigma: float, B: float) -> float:
     """R^Loc_j lower bound (up to c): min(sigma^2 d/n_j, B^2) + max(1 - n_j/d, 0) B^2."""
     return min(sigma ** 2 * d / n_j, B ** 2) + max(1.0 - n_j / d, 0.0) * B ** 2

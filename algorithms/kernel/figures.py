@@ -9,7 +9,8 @@ Run: python -m raysim.algorithms.kernel.figures FIGURE [--out DIR] [--trials T]
   algorithm (FedAvg s = 1, 5, 10 and FedProx); figures of gradient norm and errors vs round.
 * fig4, fig5, fig6: sweeps with converged models (the closed-form fixed point, spec §7.3: finite
   horizons break the paper's "identical across algorithms"), over data drawn by the generators of
-  raysim/data/regression.py with the parameters of configs/kernel_fig4/5/6.yaml, fresh per trial.
+  algorithms/kernel/sources.py with the parameters of configs/kernel/kernel_fig4/5/6.yaml, fresh per
+  trial; Fig. 4 also draws the closed-form FG of §5.2.
 Each writes its table (Parquet) and PNG(s) under DIR (default runs/kernel_figures/FIGURE).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from raysim.algorithms.kernel.algorithm import (expected_prediction_error, featu
 from raysim.config import load_config
 from raysim.algorithms.kernel.sources import (client_sizes, linear_model, polynomial_grid, polynomial_model, sobolev_model,
                                     subspace_model)
-from raysim.algorithms.kernel.federation_gain import empirical_gain, local_estimator
+from raysim.algorithms.kernel.federation_gain import empirical_gain, gain_gaussian, local_estimator
 from raysim.algorithms.kernel.kernels import Monomial, Sobolev1
 from raysim.algorithms.kernel.plots import ROUND_METRICS, plot_gain, plot_inverse_mse, plot_panels, plot_series
 from raysim.rng import SERVER, SETUP, stream
@@ -200,7 +201,8 @@ def gain_rows(data, solve: dict, pick: tuple[int, int], extra: dict) -> list[dic
 
 
 def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trials: int = 20) -> pd.DataFrame:
-    """FG vs Gamma (§5.2); the same draws at every Gamma within a trial (common random numbers)."""
+    """FG vs Gamma (§5.2), with the client's closed-form FG (`gain_gaussian`) beside each value; the same
+    draws at every Gamma within a trial (common random numbers)."""
     cfg = load_config(config)
     p, eta = cfg.data.source_options(), cfg.algorithm_params().eta
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
@@ -212,7 +214,10 @@ def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trial
             data = linear_model(sizes, p.dim, p.noise, gamma, p.heterogeneity_kind,
                                 stream(cfg.seed, SETUP, trial, "figure:data"))
             solve = solve or solvers(data, sizes, eta)
-            rows += gain_rows(data, solve, pick, {"gamma": gamma, "trial": trial})
+            theory = {client: gain_gaussian(data.theta, sizes, j, p.noise)
+                      for client, j in zip(("scarce", "rich"), pick)}
+            rows += [{**row, "closed_form": theory[row["client"]]}
+                     for row in gain_rows(data, solve, pick, {"gamma": gamma, "trial": trial})]
     return pd.DataFrame(rows)
 
 
@@ -228,11 +233,18 @@ def fg_crossing(x: np.ndarray, fg: np.ndarray) -> float:
     return float(x[i - 1] + (x[i] - x[i - 1]) * (fg[i - 1] - 1.0) / (fg[i - 1] - fg[i]))
 
 
+def fig4_means(table: pd.DataFrame) -> pd.DataFrame:
+    """Trial-mean FG per (client, gamma): one column per algorithm, and the closed form."""
+    mean = table.groupby(["client", "gamma", "algorithm"], sort=False)["fg"].mean().unstack()
+    closed = table.groupby(["client", "gamma"], sort=False)["closed_form"].mean()
+    return mean.assign(**{"closed form": closed})
+
+
 def fig4_crossings(table: pd.DataFrame) -> pd.DataFrame:
-    """Gamma at FG = 1 of each client kind (rows) and algorithm (columns), from the trial means."""
-    mean = table.groupby(["client", "algorithm", "gamma"], sort=False)["fg"].mean()
-    return pd.DataFrame({client: {alg: fg_crossing(np.array(v.index.get_level_values("gamma")), v.to_numpy())
-                                  for alg, v in mean.loc[client].groupby(level="algorithm", sort=False)}
+    """Gamma at FG = 1 of each client kind (rows) and algorithm or the closed form (columns), from the trial means."""
+    mean = fig4_means(table)
+    return pd.DataFrame({client: {col: fg_crossing(np.array(mean.loc[client].index), mean.loc[client][col].to_numpy())
+                                  for col in mean.columns}
                          for client in ("scarce", "rich")}).T
 
 
@@ -285,7 +297,7 @@ def fig6_table(config: Path = CONFIGS / "kernel_fig6.yaml", per_client=range(1, 
 def fig4(out: Path, trials: int = 20) -> list[Path]:
     table = fig4_table(trials=trials)
     table.to_parquet(out / "fig4.parquet")
-    print(table.groupby(["client", "gamma", "algorithm"], sort=False)["fg"].mean().unstack().to_string())
+    print(fig4_means(table).to_string())
     print("Gamma at FG = 1 (linear interpolation):\n" + fig4_crossings(table).to_string())
     return [plot_gain(table, "gamma", "model heterogeneity Γ", out / "kernel_fig4.png",
                       f"Fig. 4: FG vs Γ (mean ± s.e., {trials} trials)")]

@@ -23,8 +23,11 @@ ROUND_METRICS = (  # (column, axis label); the *_prev columns describe f_{t-1}, 
 )
 
 
-def _round_axis(rounds: pd.DataFrame, column: str) -> pd.Series:
-    return rounds["round"] - 1 if column.endswith("_prev") else rounds["round"]
+def _curve(rounds: pd.DataFrame, column: str) -> tuple[pd.Series, pd.Series]:
+    """(round, value) of the rounds that have `column` (evaluated every `eval.every` rounds: the rest are NaN
+    and would leave isolated points that draw no line)."""
+    part = rounds[rounds[column].notna()]
+    return (part["round"] - 1 if column.endswith("_prev") else part["round"]), part[column]
 
 
 def plot_series(series: dict[str, pd.DataFrame], metrics, path: Path, title: str) -> Path:
@@ -34,7 +37,7 @@ def plot_series(series: dict[str, pd.DataFrame], metrics, path: Path, title: str
     for ax, (column, label) in zip(axes[0], metrics):
         for name, rounds in series.items():
             if column in rounds:
-                ax.plot(_round_axis(rounds, column), rounds[column], label=name)
+                ax.plot(*_curve(rounds, column), label=name)
         ax.set_yscale("log")
         ax.set_xlabel("communication round")
         ax.set_ylabel(label)
@@ -51,7 +54,7 @@ def plot_panels(panels: dict[str, dict[str, pd.DataFrame]], metric: tuple[str, s
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), sharey=True, squeeze=False)
     for ax, (panel, series) in zip(axes[0], panels.items()):
         for name, rounds in series.items():
-            ax.plot(_round_axis(rounds, column), rounds[column], label=name)
+            ax.plot(*_curve(rounds, column), label=name)
         ax.set_yscale("log")
         ax.set_xlabel("communication round")
         ax.set_title(panel)
@@ -78,7 +81,7 @@ def kernel_rounds(result: RunResult) -> list[Path]:
 def plot_gain(table: pd.DataFrame, x: str, xlabel: str, path: Path, title: str) -> Path:
     """Mean FG over trials of the data-scarce and the data-rich client vs `x`, one line per algorithm with a
     band of +-1 standard error (table columns: x, algorithm, client in {scarce, rich}, fg, one row per
-    trial), and the break-even line FG = 1."""
+    trial), the mean of an optional `closed_form` column as a dotted line, and the break-even line FG = 1."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, client in zip(axes, ("scarce", "rich")):
         part = table[table["client"] == client]
@@ -87,6 +90,9 @@ def plot_gain(table: pd.DataFrame, x: str, xlabel: str, path: Path, title: str) 
             line, = ax.plot(rows.index, rows["mean"], marker=".", label=algorithm)
             ax.fill_between(rows.index, rows["mean"] - rows["sem"], rows["mean"] + rows["sem"],
                             color=line.get_color(), alpha=0.12, lw=0)
+        if "closed_form" in part:
+            closed = part.groupby(x)["closed_form"].mean()
+            ax.plot(closed.index, closed.to_numpy(), color="k", ls=":", lw=1.5, label="closed form")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)

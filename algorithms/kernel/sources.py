@@ -5,9 +5,11 @@ x_i, noisy responses y_i = f_i*(x_i) + sigma xi, the noise-free truth f_i*(x_i),
 finite-rank models, the truth coefficients theta_i*. The figure sweeps call these directly.
 
 As registered data sources (natural partitions: client i is the paper's client i, unbalanced
-sizes `data.options.sizes` cycled over the clients) the targets are float64 pairs
-y = [response, f_i*(x)]: clients train on the response only; the truth column is the
-evaluation-only oracle of §2.3, so evaluate() measures errors against f* without noise. Each
+sizes `data.options.sizes` cycled over the clients) the targets are float64 rows
+y = [response, f_i*(x)], followed for the finite-rank models by the D truth coefficients theta_i*
+of the row's client: clients train on the response only; the rest is the evaluation-only oracle
+of §2.3, so evaluate() measures errors against f* without noise, and the federation gain of a
+data-scarce client (n_j < D, whose n_j truth values cannot pin theta_j* down) is defined. Each
 client draws extra rows so that after the natural holdout (floor(test_fraction * rows) of each
 client go to the server's test set) exactly sizes[i] training samples remain; the test rows are
 fresh draws from the clients' own distributions, with their noise-free truth.
@@ -155,10 +157,13 @@ def _params(cfg: DataConfig) -> RegressionOptions:
 
 
 def _as_source(data: RegressionData) -> Source:
-    """Pooled rows with natural client ids; y = [response, truth] in float64."""
+    """Pooled rows with natural client ids; y = [response, truth, theta_i* (finite-rank models)] in float64."""
     x = np.concatenate(data.x).astype(np.float64)
-    y = np.stack([np.concatenate(data.y), np.concatenate(data.truth)], axis=1)
     natural = np.repeat(np.arange(len(data.x), dtype=np.int64), data.sizes)
+    columns = [np.concatenate(data.y)[:, None], np.concatenate(data.truth)[:, None]]
+    if data.theta is not None:
+        columns.append(data.theta[natural])
+    y = np.concatenate(columns, axis=1)
     return Source(np.ascontiguousarray(x), y, x.shape[1:], 0, natural_clients=natural)
 
 

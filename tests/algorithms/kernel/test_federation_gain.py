@@ -4,9 +4,15 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from raysim.algorithms.kernel.algorithm import feature_stats, fixed_point
+from raysim.algorithms.kernel.algorithm import KernelFedAvg, feature_stats, fixed_point, split_targets
 from raysim.algorithms.kernel.federation_gain import (coverage_threshold, empirical_gain, federation_gains, fg_bound_thm5,
-                                    fg_bound_thm6, gamma_threshold, local_estimator)
+                                    fg_bound_thm6, gain_gaussian, gamma_threshold, local_estimator,
+                                    local_risk_gaussian)
+from raysim.algorithms.kernel.sources import client_sizes, linear_model, rows_before_holdout
+from raysim.contract import ClientData, Context, EvalData
+from raysim.data import build_federated, read_clients, read_table_arrays
+from raysim.data.config import DataConfig
+from raysim.rng import SERVER, SETUP, stream
 
 ALGS = [("fedavg", 1), ("fedavg", 5), ("fedavg", 10), ("fedprox", 1)]
 
@@ -91,3 +97,70 @@ def test_theorem6_bound_shape():
     assert fg_bound_thm6(500, d, d, N, sigma, B) == pytest.approx(N / 500)
     assert fg_bound_thm6(5, d, d, N, sigma, B) == pytest.approx(N / 5)
     assert coverage_threshold(100) == pytest.approx(460.5, abs=0.1)
+
+
+def test_closed_form_risks_by_monte_carlo():
+    """The closed form of a data-scarce client's FG (spec §5.2), Gamma = 0, Gaussian covariates, n_j = 10 < d = 40,
+    by Monte Carlo over 300 draws (tolerances about 4 standard errors of the mean):
+    E||pinv(X_j) y_j - theta*||^2 = (1 - n_j/d)||theta*||^2 + sigma^2 n_j/(d - n_j - 1) (per-draw relative s.d.
+    about 0.26: tolerance 7%), its noise part E||pinv(X_j) xi_j||^2 = sigma^2 n_j/(d - n_j - 1) (s.d. about 0.5:
+    tolerance 15%), and the converged FedAvg s = 1 model's E||theta_FL - theta*||^2 = sigma^2 d/(N - d - 1)
+    (s.d. about 0.22: tolerance 5%)."""
+    d, sigma, sizes = 40, 0.5, np.array([10, 200] * 5)
+    w = sizes / sizes.sum()
+    num, local, noise, den = [], [], [], []
+    with threadpool_limits(1):
+        for trial in range(300):
+            data = linear_model(sizes, d, sigma, 0.0, "exact", np.random.default_rng(trial))
+            S, b = zip(*[feature_stats(x, y) for x, y in zip(data.x, data.y)])
+            star = data.theta[0]
+            e_loc = local_estimator(data.x[0], data.y[0]) - star
+            e_noise = local_estimator(data.x[0], data.y[0] - data.truth[0])
+            e_fl = fixed_point(S, b, w, 0.1, "fedavg", 1) - star
+            num.append(e_loc @ e_loc)
+            local.append(local_risk_gaussian(star, 10, sigma))
+            noise.append(e_noise @ e_noise)
+            den.append(e_fl @ e_fl)
+    assert np.mean(num) / np.mean(local) == pytest.approx(1.0, abs=0.07)
+    assert np.mean(noise) / (sigma ** 2 * 10 / (d - 10 - 1)) == pytest.approx(1.0, abs=0.15)
+    assert np.mean(den) / (sigma ** 2 * d / (sizes.sum() - d - 1)) == pytest.approx(1.0, abs=0.05)
+
+
+def test_closed_form_gain_at_the_papers_fig4_values():
+    """Spec §5.2, Gamma = 0, ||theta*||^2 = d = 100, n_j = 50 / 500, N = 5500: FG = sqrt(50.255/0.00463) = 104
+    (scarce) and sqrt(0.0627/0.00463) = 3.68 (rich); local risks on both sides of n = d."""
+    d, sizes = 100, np.array([50, 500] * 10)
+    stars = np.tile(np.full(d, 1.0), (20, 1))
+    assert local_risk_gaussian(stars[0], 50, 0.5) == pytest.approx(50.255, abs=1e-3)
+    assert local_risk_gaussian(stars[1], 500, 0.5) == pytest.approx(0.0627, abs=1e-4)
+    assert gain_gaussian(stars, sizes, 0, 0.5) == pytest.approx(104.2, abs=0.1)
+    assert gain_gaussian(stars, sizes, 1, 0.5) == pytest.approx(3.68, abs=0.01)
+    with pytest.raises(ValueError):
+        local_risk_gaussian(stars[0], 100, 0.5)
+
+
+def test_run_reports_the_scarce_clients_gain_under_heterogeneity(tmp_path):
+    """Issue 19: with Gamma > 0 a data-scarce client (n_j = 4 < d = 8) has no theta_j* in its own truth values,
+    nor in the pooled test truth; its FG must still be reported, against the generator's theta_j*."""
+    sizes, d, gamma = [4, 40], 8, 2.0
+    cfg = DataConfig(source="linear_regression", num_clients=4, test_fraction=0.2, partition={"kind": "natural"},
+                     options={"sizes": sizes, "dim": d, "noise": 0.5, "heterogeneity": gamma})
+    fed = build_federated(cfg, 3, tmp_path)
+    rows = [rows_before_holdout(int(n), 0.2) for n in client_sizes(sizes, 4)]
+    truth = linear_model(rows, d, 0.5, gamma, "exact", stream(3, SETUP, SERVER, "regression:linear_regression")).theta
+    ctx = Context(seed=3, rounds=30, clients_per_round=4, num_clients=4, client_sizes=fed.client_sizes,
+                  feature_shape=(d,), image_shape=None, num_classes=0, model=None, train_path=str(fed.train_path),
+                  params=KernelFedAvg.Params(eta=0.1, local_steps=5, gain_clients=[0, 1]))
+    algo = KernelFedAvg(ctx)
+    clients = read_clients(fed.train_path, range(4))
+    state = algo.init()
+    for _ in range(30):
+        replies = [algo.step(None, ClientData(c, x, y), state.theta, None)[0] for c, (x, y) in clients.items()]
+        state, _ = algo.aggregate(state, replies, None)
+    metrics = algo.evaluate(state, EvalData(*read_table_arrays(fed.test_path), None, None))
+    for j in (0, 1):
+        x, y = clients[j]
+        local = np.linalg.lstsq(x, split_targets(y)[0], rcond=None)[0]  # min-norm least squares
+        want = np.linalg.norm(local - truth[j]) / np.linalg.norm(state.theta - truth[j])
+        assert metrics[f"fg_client_{j}"] == pytest.approx(want, rel=1e-9)
+    assert "coef_error" not in metrics  # clients' truths differ: no single theta*

@@ -1,10 +1,10 @@
-"""Regression generators (raysim/data/regression.py; specs/kernel-fedavg-fedprox.md §5) and their
+"""Regression generators (algorithms/kernel/sources.py; specs/kernel-fedavg-fedprox.md §5) and their
 registered sources through the real data layer (natural partition, holdout, Parquet, float64)."""
 import numpy as np
 import pytest
 from scipy.special import eval_chebyu
 
-from raysim.algorithms.kernel.algorithm import split_targets, truth_coefficients
+from raysim.algorithms.kernel.algorithm import split_targets, truth_coefficients, truth_theta
 from raysim.config import ConfigError, load_config
 from raysim.data import build_federated, read_clients, read_table_arrays
 from raysim.data.config import DataConfig
@@ -77,15 +77,36 @@ def test_source_through_data_layer_keeps_unbalanced_sizes_float64_and_truth(tmp_
     cfg = DataConfig(source="linear_regression", num_clients=4, test_fraction=0.2, partition={"kind": "natural"},
                      options={"sizes": [30, 7], "dim": 6, "noise": 0.5})
     fed = build_federated(cfg, 0, tmp_path)
-    assert fed.client_sizes.tolist() == [30, 7, 30, 7] and fed.target_shape == (2,) and fed.num_classes == 0
+    assert fed.client_sizes.tolist() == [30, 7, 30, 7] and fed.num_classes == 0
+    assert fed.target_shape == (2 + 6,)  # [response, f*(x), theta*]
     tx, ty = read_table_arrays(fed.test_path)
     assert tx.dtype == np.float64 and ty.dtype == np.float64
     star = truth_coefficients(tx, split_targets(ty)[1])  # homogeneous: the test truth is one theta*
-    assert star is not None
+    assert star is not None and np.allclose(ty[:, 2:], star, rtol=1e-10, atol=1e-10)
     for c, (x, y) in read_clients(fed.train_path, range(4)).items():
         response, truth = split_targets(y)
         assert np.allclose(truth, x @ star, rtol=1e-10, atol=1e-10)
         assert not np.allclose(response, truth)  # noisy responses, noise-free truth
+        assert np.allclose(truth_theta(x, y), star, rtol=1e-10, atol=1e-10)  # n_c = 7 rows pin theta* down too
+
+
+def test_sources_carry_each_clients_truth_coefficients(tmp_path):
+    """Issue 19: under model heterogeneity every row carries its client's theta_i*, which gives its truth, so a
+    data-scarce client's theta_j* is known although its n_j < d noise-free values cannot determine it."""
+    cfg = DataConfig(source="linear_regression", num_clients=4, test_fraction=0.2, partition={"kind": "natural"},
+                     options={"sizes": [3, 20], "dim": 6, "noise": 0.5, "heterogeneity": 1.5})
+    fed = build_federated(cfg, 1, tmp_path / "linear")
+    clients = read_clients(fed.train_path, range(4))
+    thetas = np.array([truth_theta(x, y) for x, y in clients.values()])
+    assert truth_coefficients(clients[0][0], split_targets(clients[0][1])[1]) is None  # 3 < 6 values
+    assert max(np.linalg.norm(a - b) for a in thetas for b in thetas) == pytest.approx(1.5, abs=1e-12)  # exact Gamma
+    for (x, y), theta in zip(clients.values(), thetas):
+        assert np.allclose(x @ theta, split_targets(y)[1], rtol=1e-12, atol=1e-12)
+    tx, ty = read_table_arrays(fed.test_path)
+    assert truth_theta(tx, ty) is None  # the test rows mix four truths
+    sob = DataConfig(source="sobolev_regression", num_clients=2, test_fraction=0.2, partition={"kind": "natural"},
+                     options={"sizes": [5]})
+    assert build_federated(sob, 1, tmp_path / "sobolev").target_shape == (2,)  # no finite-rank truth to carry
 
 
 def test_regression_config_errors_name_the_field():
