@@ -6,7 +6,7 @@ from raysim.plugins import register_algorithm
 from raysim.results import RunResult
 
 __all__ = ["Algorithm", "Callback", "ClientData", "ConfigError", "Context", "Cost", "EvalData", "ExperimentConfig", "Plan",
-           "RunContext", "RunResult", "ServerView", "load_config", "register_algorithm", "run"]
+           "RunContext", "RunResult", "ServerView", "load_config", "register_algorithm", "run", "trained_model"]
 
 
 def run(config, overrides=None, **kwargs) -> RunResult:
@@ -14,3 +14,11 @@ def run(config, overrides=None, **kwargs) -> RunResult:
     from raysim.runner import run as _run
 
     return _run(config, overrides, **kwargs)
+
+
+def trained_model(run_dir, best: bool = False):
+    """A finished run's trained model (an nn.Module for torch families, else {name: array}) after its newest
+    checkpoint, or after the best round kept by the best_model callback; see `raysim.export.trained_model`."""
+    from raysim.export import trained_model as _trained
+
+    return _trained(run_dir, best).model

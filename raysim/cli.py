@@ -12,7 +12,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="raysim: federated optimization on Ray. A mistake in the input is one line and exit status 2;"
                        " add --debug anywhere (or set RAYSIM_DEBUG=1) for the traceback.")
 console = Console(soft_wrap=True)
-BUILTIN_COMMANDS = ("run", "sweep", "report", "retime")  # need no family command; `list` shows them all
+BUILTIN_COMMANDS = ("run", "sweep", "report", "retime", "export")  # need no family command; `list` shows them all
 errors = Console(stderr=True, soft_wrap=True)  # one error, one line: never wrapped at the terminal width
 
 
@@ -70,6 +70,19 @@ def retime(
     console.print(f"{len(result.rounds)} rounds  sim_time {before['sim_time']:.1f} -> {after['sim_time']:.1f}"
                   f"  gamma {before['gamma']:.1f} -> {after['gamma']:.1f}")
     console.print(f"results: {result.run_dir}")
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="a finished (or stopped) run directory"),
+    out: Optional[Path] = typer.Option(None, help="write here instead of RUN/model.pt (RUN/model.npz for array models)"),
+    best: bool = typer.Option(False, help="the best round kept by the best_model callback, not the newest checkpoint"),
+) -> None:
+    """Save a run's trained model: a torch state_dict for build_model of the run's model config, or arrays."""
+    from raysim.export import export as export_model
+
+    path, trained = export_model(run_dir, out, best)
+    console.print(f"{path}: the model after round {trained.round}")
 
 
 @app.command()

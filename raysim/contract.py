@@ -6,6 +6,7 @@ RNGs, so the same code runs in a unit test and on a cluster.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,3 +151,13 @@ class Algorithm:
     def evaluate(self, state: Any, data: EvalData) -> dict[str, float]:
         """Metrics of the current ServerState."""
         return {}
+
+    def export(self, state: Any) -> Any:
+        """The trained model of a ServerState, for `raysim export`: an `nn.Module` (torch families) or a
+        {name: array} mapping (saved as .npz). By default the state's array fields, if it is a dataclass."""
+        if dataclasses.is_dataclass(state):
+            arrays = {f.name: np.asarray(getattr(state, f.name)) for f in dataclasses.fields(state)}
+            arrays = {k: v for k, v in arrays.items() if v.dtype != object}
+            if arrays:
+                return arrays
+        raise NotImplementedError(f"{type(self).__name__} defines no export of its server state")

@@ -5,6 +5,7 @@ aggregate); `ParamSpec` maps it to the named tensors that `torch.func.functional
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -115,6 +116,14 @@ class ParamSpec:
         lead = first.shape[: first.dim() - len(self.shapes[0])]
         return torch.cat([params[n].reshape(*lead, -1) for n in self.names], dim=-1)
 
+    def module_with(self, module: nn.Module, flat: np.ndarray, dtype: torch.dtype) -> nn.Module:
+        """A CPU copy of `module` in `dtype` holding the parameter vector `flat` (what `raysim export` saves)."""
+        out = copy.deepcopy(module).to(device="cpu", dtype=dtype)
+        with torch.no_grad():
+            for name, value in self.unflatten(torch.as_tensor(np.asarray(flat), dtype=dtype)).items():
+                out.get_parameter(name).copy_(value)
+        return out
+
 
 def initial_vector(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int, seed: int) -> np.ndarray:
     """The seeded initial parameter vector: PyTorch's default init under a forked, seeded RNG."""
@@ -123,7 +132,6 @@ def initial_vector(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | 
         module = build_model(cfg, feature_shape, image_shape, num_classes)
     flat = ParamSpec.of(module).flatten(dict(module.named_parameters())).detach()
     return (flat * cfg.init_scale).numpy()
-
 
 
 def placed_model(ctx) -> tuple[nn.Module, "ParamSpec", torch.dtype, torch.device]:

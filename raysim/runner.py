@@ -16,6 +16,7 @@ from raysim import checkpoint, ray_session
 from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
+from raysim.export import save_federated
 from raysim.errors import DivergenceError, RunDirError, UserError
 from raysim.experiment import Experiment
 from raysim.local import LocalServer
@@ -137,6 +138,7 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
     status = "failed"
     try:
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
+        save_federated(fed, run_dir / "data")
         t_data = time.perf_counter()
         if cfg.backend == "ray":
             started_ray = ensure_ray(cfg, address)

@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.func import functional_call, grad, vmap
 from torch.nn.utils.rnn import pad_sequence
@@ -284,6 +285,10 @@ class LocalSGD(Algorithm):
             return state, Cost()
         total = self.reduce(replies)
         return ServerState(state.params + self.params.server_lr * total.total / total.weight), Cost()
+
+    def export(self, state: ServerState) -> nn.Module:
+        """The configured model (on the CPU) holding the server's parameters θ."""
+        return self.spec.module_with(self.module, state.params, self.dtype)
 
     def evaluate(self, state: ServerState, data: EvalData) -> dict[str, float]:
         """Test accuracy (class labels under ce) and loss; the loss and the objective F(θ) (loss +
