@@ -1,6 +1,7 @@
 """The `raysim` command: run an experiment, report on a run, list what is available."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import List, Optional
 
@@ -23,16 +24,20 @@ def run(
     address: Optional[str] = typer.Option(None, help="Ray address (e.g. auto); default starts a local Ray"),
     out: Optional[Path] = typer.Option(None, help="write results exactly here instead of runs/<name>-<time>"),
     resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory from its last checkpoint"),
-    quiet: bool = typer.Option(False, help="no progress bar"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress, only warnings and errors"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug messages too"),
     plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
-    """Run an experiment and write its results (or --resume an interrupted one)."""
+    """Run an experiment and write its results (or --resume an interrupted one). Progress goes to stderr: a bar
+    on a terminal, a line every 10 s otherwise; RAYSIM_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR) overrides the flags."""
     from raysim.errors import UserError
+    from raysim.progress import configure_logging
     from raysim.runner import run as run_experiment
 
     if (config is None) == (resume is None):
         raise UserError("give either CONFIG or --resume RUN_DIR" if config is None else
                         "give either CONFIG or --resume RUN_DIR, not both (a resumed run uses the config saved with it)")
+    quiet = configure_logging(verbose, quiet) > logging.INFO
     _load(plugin)
     if config is not None:
         _require_command(config, "run", "sweep")
@@ -91,12 +96,15 @@ def sweep(
     overrides: Optional[List[str]] = typer.Argument(None, help="key.sub=value overrides (sweep.* too)"),
     address: Optional[str] = typer.Option(None, help="Ray address (e.g. auto); default starts a local Ray"),
     out: Optional[Path] = typer.Option(None, help="write the sweep exactly here instead of <storage_path>/<name>-<time>"),
-    quiet: bool = typer.Option(False, help="no Tune progress output"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no Tune progress output, only warnings and errors"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug messages too"),
     plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
     """Run a Ray Tune search over the sweep: section; one simulation per trial."""
+    from raysim.progress import configure_logging
     from raysim.sweep import run_sweep, summary_table
 
+    quiet = configure_logging(verbose, quiet) > logging.INFO
     _load(plugin)
     _require_command(config, "sweep", "run")
     result = run_sweep(config, overrides or [], address=address, out=out, verbose=0 if quiet else 1)

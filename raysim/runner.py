@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ray
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raysim import checkpoint, ray_session
 from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
@@ -20,6 +19,7 @@ from raysim.export import save_federated
 from raysim.errors import DivergenceError, RunDirError, UserError
 from raysim.experiment import Experiment
 from raysim.local import LocalServer
+from raysim.progress import LOGGER, RunProgress
 from raysim.results import RunResult, RunWriter, new_run_dir, write_text
 
 
@@ -62,21 +62,6 @@ class RemoteServer:
     def close(self) -> None:
         if ray.is_initialized():
             ray.kill(self.actor)  # its client actors go with it (it owns them)
-
-
-def _progress(enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[metric]}"), TextColumn("sim {task.fields[sim]:.1f}"),
-        TimeElapsedColumn(), disable=not enabled, transient=False,
-    )
-
-
-def _metric_text(row: dict) -> str:
-    for key in ("test_accuracy", "test_loss", "train_loss"):
-        if key in row:
-            return f"{key} {row[key]:.4f}"
-    return ""
 
 
 def _check_finite(row: dict) -> None:
@@ -137,16 +122,24 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
     started: list[Callback] = []
     status = "failed"
     try:
+        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resume is not None else f"writing {run_dir}")
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
         save_federated(fed, run_dir / "data")
         t_data = time.perf_counter()
+        LOGGER.info("data: %d clients, %d training and %d test samples (%.1f s)", fed.num_clients, fed.num_train,
+                    fed.num_test, t_data - t_start)
         if cfg.backend == "ray":
             started_ray = ensure_ray(cfg, address)
         t_ray = time.perf_counter()
+        if cfg.backend == "ray":
+            LOGGER.info("ray: %s (%.1f s)", "started" if started_ray else "connected", t_ray - t_data)
         experiment = Experiment.of(cfg)
         server = (ray_server(experiment, fed.to_dict(), run_dir, address or cfg.cluster.address) if cfg.backend == "ray"
                   else LocalServer(experiment, fed.to_dict(), run_dir))
         layout = server.start()
+        actors = layout.get("actors", 0)
+        LOGGER.info("actors: %s (%.1f s)", f"{actors} client actors, {layout.get('clients_per_actor')} clients each"
+                    if actors else "none, every client in this process (backend: local)", time.perf_counter() - t_ray)
         if resume is not None:
             server.resume()
         writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,
@@ -157,8 +150,7 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
         view = ServerView(server.state)
         wall = writer.rounds[-1]["wall_s"] if writer.rounds else 0.0
         stopped_by: list[str] = []
-        with _progress(progress) as bar:
-            task = bar.add_task(cfg.name, total=cfg.algorithm.rounds, metric="", sim=0.0, completed=done)
+        with RunProgress(cfg.name, cfg.algorithm.rounds, done, progress) as bar:
             for t in range(done + 1, cfg.algorithm.rounds + 1):
                 t0 = time.perf_counter()
                 row, client_rows = server.run_round(t)
@@ -170,11 +162,13 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
                 _check_finite(row)
                 votes = [cb.on_round_end(row, view) for cb in hooks]
                 stopped_by = [type(cb).__name__ for cb, v in zip(hooks, votes) if v is False]
-                bar.update(task, advance=1, metric=_metric_text(row), sim=row["sim_time"])
+                bar.update(row)
                 if stopped_by:
                     break
         status = "stopped" if len(writer.rounds) < cfg.algorithm.rounds else "finished"
         writer.status(status=status, rounds_done=len(writer.rounds), **({"stopped_by": stopped_by} if stopped_by else {}))
+        if stopped_by:
+            LOGGER.info("stopped after round %d by %s", len(writer.rounds), ", ".join(stopped_by))
     except BaseException as e:
         if isinstance(e, UserError) and created is not None and not writer.rounds:
             shutil.rmtree(created, ignore_errors=True)  # a mistake in the input and nothing ran: leave no directory
