@@ -5,10 +5,11 @@
 
 Each algorithm runs through the real runtime with the config's shared settings (objective, T, lr,
 optimiser...) and its own defaults; FD baselines use the orthonormal directions of the spec's
-reference numbers unless the config sets them. `--rounds` counts communication rounds (FZooS and
-SCAFFOLD-I get two phases each). Writes compare.png (value vs rounds and vs queries),
-compare_cosine.png when the config logs cosines, and compare.md: F(x_R) at equal rounds and at
-equal queries (the largest total every algorithm reached), and rounds/queries to the gap thresholds.
+reference numbers unless the config sets them, scaled d/Q so that eq. (3) is unbiased (fd_scale).
+`--rounds` counts communication rounds (FZooS and SCAFFOLD-I get two phases each). Writes
+compare.png (value vs rounds and vs queries), compare_cosine.png when the config logs cosines, and
+compare.md: F(x_R) at equal rounds and at equal queries (the largest total every algorithm reached),
+and rounds/queries to the gap thresholds.
 """
 from __future__ import annotations
 

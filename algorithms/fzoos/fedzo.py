@@ -17,7 +17,7 @@ from torch import Tensor
 
 from raysim.contract import ClientData, Cost
 from raysim.plugins import register_algorithm
-from raysim.algorithms.fzoos.estimators import directions, fd_gradient
+from raysim.algorithms.fzoos.estimators import directions, fd_gradient, unbiased_scale
 from raysim.algorithms.fzoos.family import ZOBroadcast, ZOFamily, ZOParams, ZOReply, ZOState
 
 
@@ -27,7 +27,9 @@ class FedZOParams(ZOParams):
     directions: int = Field(20, ge=1, description="Q")
     smoothing: float = Field(0.01, gt=0, description="lambda (the code's `mu`)")
     fd_directions: Literal["gaussian", "orthonormal"] = "gaussian"
-    fd_scale: Literal["inv_q", "d_over_q"] = Field("inv_q", description="1/Q as in eq. (3), or d/Q")
+    fd_scale: Literal["unbiased", "inv_q", "d_over_q"] = Field(
+        "unbiased", description="unbiased: 1/Q for Gaussian, d/Q for orthonormal directions (§3.1); "
+        "inv_q with orthonormal directions is the official code's, whose mean is grad f / d")
 
 
 class ZOFedProxParams(FedZOParams):
@@ -59,7 +61,8 @@ class FedZO(ZOFamily):
     def _fd(self, client: int, x: Tensor, fx: Tensor, rng: np.random.Generator) -> Tensor:
         p = self.params
         U = directions(self.dim, p.directions, p.fd_directions, rng)
-        return fd_gradient(lambda pts: self.query(client, pts, rng), x, fx, U, p.smoothing, p.fd_scale)
+        scale = unbiased_scale(p.fd_directions) if p.fd_scale == "unbiased" else p.fd_scale
+        return fd_gradient(lambda pts: self.query(client, pts, rng), x, fx, U, p.smoothing, scale)
 
     def local_round(self, state: FDClient, client: int, b: ZOBroadcast, rng: np.random.Generator
                     ) -> tuple[Tensor, Tensor, list[float], int]:

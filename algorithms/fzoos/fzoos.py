@@ -32,8 +32,8 @@ class FZooSParams(ZOParams):
 
     num_features: int = Field(10_000, ge=1, description="M, random Fourier features")
     lengthscale: float = Field(1.0, gt=0, description="SE length scale of the GP and the RFF")
-    lengthscale_fit: Literal["fixed", "ml2"] = Field("fixed", description="ml2: refit the local GP's l by "
-                                                      "marginal likelihood at every step (the code; A7)")
+    lengthscale_fit: Literal["fixed", "ml2"] = Field("fixed", description="ml2: refit l by marginal likelihood "
+                                                      "at every step for the gradient and the active-query GP alike; the RFF keeps `lengthscale` (A7)")
     ml2_steps: int = Field(20, ge=1)
     noise: float = Field(1e-6, gt=0, description="sigma^2 of the GP and the RFF fit, on normalised targets")
     gp_window: int = Field(150, ge=1, description="K_gp nearest history points of the local GP")
@@ -90,7 +90,7 @@ class FZooS(ZOFamily):
         p = self.params
         X, y = history.nearest(x, p.gp_window)
         ell = p.lengthscale
-        if p.lengthscale_fit == "ml2" and with_values and len(X) > 1:
+        if p.lengthscale_fit == "ml2" and len(X) > 1:
             ell = gp.fit_lengthscale(X, y, ell, p.noise, p.ml2_steps)
         return gp.fit(X, y if with_values else None, ell, p.noise, center=x)
 

@@ -144,16 +144,17 @@ class Ackley(_ScaledShifted):
 
 
 class Levy(_ScaledShifted):
-    """Heterogeneous Levy: w = 1 + (z - 1)/4, sin^2(pi w_1) + sum (w_j - 1)^2 (1 + 10 sin^2(pi w_j + 1)) + tail."""
+    """Heterogeneous Levy, the standard Levy function (minimum 0 at z = 1): w = 1 + (z - 1)/4,
+    g(z) = sin^2(pi w_1) + sum_{j<d} (w_j - 1)^2 (1 + 10 sin^2(pi w_j + 1)) + (w_d - 1)^2 (1 + sin^2(2 pi w_d))."""
 
     def __init__(self, dim: int, num_clients: int, heterogeneity: float, seed: int):
         super().__init__(dim, num_clients, heterogeneity, seed, "levy")
 
     def base(self, z: Tensor) -> Tensor:
         w = 1.0 + (z - 1.0) / 4.0
-        mid = w[..., 1:-1]
+        head = w[..., :-1]
         return (torch.sin(math.pi * w[..., 0]) ** 2
-                + ((mid - 1.0) ** 2 * (1.0 + 10.0 * torch.sin(math.pi * mid + 1.0) ** 2)).sum(-1)
+                + ((head - 1.0) ** 2 * (1.0 + 10.0 * torch.sin(math.pi * head + 1.0) ** 2)).sum(-1)
                 + (w[..., -1] - 1.0) ** 2 * (1.0 + torch.sin(2.0 * math.pi * w[..., -1]) ** 2))
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from raysim.algorithms.fzoos.estimators import directions, fd_gradient
+from raysim.algorithms.fzoos.fedzo import FedZO
 from raysim.algorithms.fzoos.objectives import Quadratic
 
 
@@ -41,14 +42,21 @@ def test_gaussian_estimate_is_unbiased(problem):
     assert errs[8000] < errs[500] and errs[8000] < 0.1
 
 
-def test_orthonormal_directions_and_the_d_over_q_scale():
-    rng = np.random.default_rng(3)
-    """Orthonormal unit directions; with scale d/Q their mean estimate is unbiased (error ~sqrt((d/Q - 1)/n))."""
-    U = directions(20, 10, "orthonormal", rng)
+def test_orthonormal_directions_are_orthonormal():
+    U = directions(20, 10, "orthonormal", np.random.default_rng(3))
     assert torch.allclose(U @ U.T, torch.eye(10, dtype=torch.float64), atol=1e-12)
-    g = torch.linspace(-1, 1, 20, dtype=torch.float64)
-    linear = lambda u: u @ g  # noqa: E731  (FD is exact on it)
-    x = torch.zeros(20, dtype=torch.float64)
-    mean = sum(fd_gradient(linear, x, linear(x[None])[0], directions(20, 10, "orthonormal", rng), 0.01, "d_over_q")
-               for _ in range(400)) / 400
-    assert float(torch.norm(mean - g) / torch.norm(g)) < 0.15
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "orthonormal"])
+def test_fedzo_default_scale_is_unbiased_on_the_quadratic(driver, kind):
+    """Issue 19 A, §3.1: with FedZO's default scale the mean of n = 2000 estimates of grad f_0(x_0) on the
+    C = 5 quadratic (d = 300, Q = 20) is grad f_0 (exactly unbiased on a quadratic: the curvature term is
+    odd in u). Relative error ~ sqrt((d/Q - 1)/n) = 0.084 (orthonormal, 0.09 Gaussian); tolerance 0.15.
+    The code's 1/Q with unit directions has mean grad f / d: error 1 - 1/d = 0.997."""
+    make, _ = driver
+    algo = make(FedZO, objective={"dim": 300, "heterogeneity": 5.0}, fd_directions=kind)
+    x = algo.objective.x0
+    true, fx = algo.objective.local_grad(0, x), algo.objective.local(0, x[None])[0]
+    rng = np.random.default_rng(4)
+    mean = sum(algo._fd(0, x, fx, rng) for _ in range(2000)) / 2000
+    assert float(torch.norm(mean - true) / torch.norm(true)) < 0.15

@@ -8,8 +8,10 @@ import ray
 import torch
 
 import raysim
+from raysim.algorithms.fzoos.family import ZOBroadcast
 from raysim.algorithms.fzoos.fzoos import FZooS, correction_length
 from raysim.algorithms.fzoos import gp, rff
+from raysim.contract import ClientData
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -55,6 +57,37 @@ def test_no_correction_in_round_one_then_the_surrogates_change_the_steps(driver,
     assert not torch.equal(xs[50][2], xs[400][2])
 
 
+@pytest.mark.parametrize("gamma,expected", [
+    ({"gamma": "inv_t"}, (-3.8480368, -1.9891231)),
+    ({"gamma": "const", "gamma_value": 0.25}, (-1.4918423, -1.2037249)),
+])
+def test_corrected_gradient_is_eq_8_on_a_case_computed_by_hand(driver, monkeypatch, gamma, expected):
+    """Eq. (8) at t = 1, by hand: d = 2, l = 0.1, sigma^2 = 1e-6, x = (0.5, 0.5) where every quadratic client is
+    f(x) = 1/(10 d) = 0.05; plain SGD (lr 0.01) and T = 1, so g_hat = (x - x_1) / lr.
+    GP (eq. (5)): history {p, x}, p - x = s (0.6, 0.8) with s = l sqrt(2 ln 2) (so k(x, p) = 1/2), y(p) = -0.25:
+    scaled targets (0, 1), range 0.3; alpha_p = -k / ((1 + sigma^2)^2 - k^2), hence
+    grad mu(x) = 0.3 / l^2 * alpha_p k (p - x) = -30 (0.25 / 0.750002) s (0.6, 0.8) = -(0.7064441, 0.9419255).
+    RFF: M = 2, v_1 = (pi, 0), v_2 = (0, pi/3), b = 0: sin(V x + b) = (1, 1/2); w_glob - w_own = (3, 1) - (2, -1)
+    = (1, 2), so grad mu_hat_glob(x) - grad mu_hat_own(x) = -sqrt(2/2) (1 * 1 * v_1 + 2 * 1/2 * v_2) = -(pi, pi/3).
+    g_hat = grad mu(x) + gamma (-(pi, pi/3)) with gamma = 1/t = 1, or the constant 0.25."""
+    features = rff.RandomFeatures(torch.tensor([[np.pi, 0.0], [0.0, np.pi / 3]], dtype=torch.float64),
+                                  torch.zeros(2, dtype=torch.float64))
+    monkeypatch.setattr(FZooS, "features", property(lambda self: features))
+    algo = driver[0](FZooS, num_clients=1, objective={"dim": 2}, num_features=2, lengthscale=0.1,
+                     optimizer="sgd", lr=0.01, local_steps=1, **gamma)
+    x = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert float(algo.objective.local(0, x[None])[0]) == pytest.approx(0.05, abs=1e-15)
+    state = algo.client_init(0)
+    s = 0.1 * np.sqrt(2 * np.log(2))
+    state.history.add(x[None] + s * torch.tensor([[0.6, 0.8]], dtype=torch.float64),
+                      torch.tensor([-0.25], dtype=torch.float64))
+    state.w_own = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    broadcast = ZOBroadcast("local", x, torch.tensor([3.0, 1.0], dtype=torch.float64))
+    reply, _, _ = algo.step(state, ClientData(0, None, None), broadcast, np.random.default_rng(0))
+    g_hat = (x - reply.parts[0]) / 0.01
+    assert torch.allclose(g_hat, torch.tensor(expected, dtype=torch.float64), atol=1e-6)
+
+
 def test_active_queries_are_the_candidates_of_largest_gradient_trace(driver):
     """§2.4/U5: the queried points are the top-k candidates by tr Sigma_grad (not the spectral norm)."""
     algo = driver[0](FZooS, num_clients=1, objective={"dim": 30})
@@ -67,6 +100,26 @@ def test_active_queries_are_the_candidates_of_largest_gradient_trace(driver):
     model = gp.fit(X, None, 1.0, 1e-6, center=x)
     traces = torch.stack([torch.trace(gp.grad_cov(model, c)) for c in C])
     assert torch.allclose(state.history.X[40:45], C[torch.topk(traces, 5).indices])
+
+
+def test_ml2_length_scale_is_used_by_the_gradient_and_the_uncertainty_gp_alike(driver, monkeypatch):
+    """lengthscale_fit: ml2 refits l by marginal likelihood (A7); the official code ranks active queries with that
+    fitted l too (§2.4), so every GP a step conditions, with or without targets, uses the ML-II length scale."""
+    used = []
+    fit = gp.fit
+
+    def recorded(X, y, lengthscale, noise, center, outputscale=1.0):
+        used.append(("mean" if y is not None else "uncertainty", lengthscale))
+        return fit(X, y, lengthscale, noise, center, outputscale)
+
+    monkeypatch.setattr(gp, "fit_lengthscale", lambda X, y, lengthscale, noise, steps, lr=0.1: 0.25)
+    monkeypatch.setattr(gp, "fit", recorded)
+    algo = driver[0](FZooS, num_clients=1, objective={"dim": 4}, num_features=50, local_steps=2,
+                     lengthscale_fit="ml2")
+    state, x = algo.client_init(0), algo.objective.x0
+    algo.step(state, ClientData(0, None, None), ZOBroadcast("local", x, None), np.random.default_rng(0))
+    assert {kind for kind, _ in used} == {"mean", "uncertainty"}
+    assert all(ell == 0.25 for _, ell in used), used
 
 
 TINY = {

@@ -47,3 +47,17 @@ def test_same_seed_same_problem_different_seed_different():
     a, b, c = Quadratic(20, 5, 5.0, 4), Quadratic(20, 5, 5.0, 4), Quadratic(20, 5, 5.0, 5)
     assert torch.equal(a.quad, b.quad) and torch.equal(a.x0, b.x0)
     assert not torch.equal(a.quad, c.quad)
+
+
+def test_levy_is_the_standard_levy_function_with_its_first_term():
+    """Levy: g(1, ..., 1) = 0; by hand, z = (-3, 1, 1) gives w = (0, 1, 1) and only the j = 1 term of the sum,
+    1 + 10 sin^2(1) = 8.0807342; z = (3, 1) gives w = (1.5, 1): sin^2(1.5 pi) + 0.25 (1 + 10 cos^2(1)) = 1.9798165."""
+    levy = Levy(3, 2, 0.0, seed=0)
+    z = torch.tensor([[1.0, 1.0, 1.0], [-3.0, 1.0, 1.0], [1.0, 1.0, 5.0]], dtype=torch.float64)
+    assert torch.allclose(levy.base(z), torch.tensor([0.0, 8.0807342, 1.0], dtype=torch.float64), atol=1e-7)
+    assert float(levy.base(torch.tensor([3.0, 1.0], dtype=torch.float64))) == pytest.approx(1.9798165, abs=1e-7)
+    # at C = 0 every client is g(0.1 x) with x = 20u - 10, i.e. z = 2u - 1: u = (0, 1, 1) is z = (-1, 1, 1),
+    # w = (0.5, 1, 1): sin^2(pi/2) + 0.25 (1 + 10 cos^2(1)) = 1.9798165; u = 1 is the minimum
+    u = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    for i in range(2):
+        assert torch.allclose(levy.local(i, u), torch.tensor([1.9798165, 0.0], dtype=torch.float64), atol=1e-7)

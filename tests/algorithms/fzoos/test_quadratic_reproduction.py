@@ -1,16 +1,19 @@
 """Slow reproductions on the d = 300 quadratic of specs/fzoos.md §7.2 (R1-R4, R6), driven in process.
 
 Reference (spec, one seed): C = 5, gap <= 0.1 after 14 rounds / 7,540 queries (FZooS) against
-23 / 24,265 (FedZO with orthonormal FD); at C = 50 the paper-faithful FZooS (gamma = 1/t) diverges
-while gamma = 1 (M = 1000) beats FedZO.
+23 / 24,265 (FedZO with orthonormal FD); at C = 50 the paper-faithful FZooS (gamma = 1/t) diverges,
+with exact gradients too, while gamma = 1 ends below every FD baseline.
 """
 import pytest
 import torch
 
 from raysim.algorithms.fzoos.fedzo import FedZO, ZOFedProx, ZOScaffold1, ZOScaffold2
-from raysim.algorithms.fzoos.fzoos import FZooS
+from raysim.algorithms.fzoos.fzoos import FZooS, correction_length
+from raysim.algorithms.fzoos.objectives import Quadratic
+from raysim.algorithms.fzoos.optim import LocalOptimizer
 
-FD = dict(fd_directions="orthonormal")  # the estimator of the spec's reference numbers (§7.3)
+FD = dict(fd_directions="orthonormal")  # the spec's directions (§7.3), scaled d/Q (unbiased; issue 19 A)
+OPTIMUM = -0.025 + 0.1 / 300
 
 
 def trajectory(driver, cls, c, rounds, **params):
@@ -61,20 +64,49 @@ def test_r2_r3_r4_fd_baselines(driver):
         assert reach[FedZO, c] < reach[ZOScaffold1, c] and reach[FedZO, c] < reach[ZOFedProx, c]
 
 
+def exact_correction_run(c, gamma, rounds, local_steps=10):
+    """F(x_r), r = 0..rounds, of eq. (8) with perfect surrogates: the exact grad f_i(x) + gamma_t (grad F(x) -
+    grad f_i(x)) (no correction in round 1), fed to the family's Adam (reset every round, clipped)."""
+    q = Quadratic(300, 5, c, seed=0)
+    x, values = q.x0.clone(), [q.value(q.x0)]
+    for r in range(1, rounds + 1):
+        ends = []
+        for i in range(5):
+            xi, opt = x.clone(), LocalOptimizer("adam", 0.01, clip=True)
+            for t in range(1, local_steps + 1):
+                g = q.local_grad(i, xi)
+                length = correction_length(gamma, t, 1.0, 0.0) if r > 1 else 0.0
+                xi = opt.step(xi, g + length * (q.grad(xi) - g))
+            ends.append(xi)
+        x = torch.stack(ends).mean(0)
+        values.append(q.value(x))
+    return values
+
+
+def test_r6_c50_divergence_of_gamma_inv_t_is_the_schedule_not_the_surrogates():
+    """R6 cause (README): with exact local gradients and an exact correction, gamma = 1/t with Adam still rises
+    above F(x_0) at C = 50 (4 of 5 clients are concave in each coordinate and outweigh grad F from step 2 on;
+    F(x_20) = 5.53 against F(x_0) = 3.54), so no surrogate defect explains FZooS's divergence; gamma = 1
+    follows grad F and reaches the optimum (gap < 0.01), and at C = 5 the 1/t schedule converges (gap < 0.05)."""
+    inv_t = exact_correction_run(50.0, "inv_t", 20)
+    assert inv_t[-1] > inv_t[0] + 1.0
+    assert exact_correction_run(50.0, "const", 20)[-1] - OPTIMUM < 0.01
+    assert exact_correction_run(5.0, "inv_t", 20)[-1] - OPTIMUM < 0.05
+
+
 @pytest.mark.slow
-def test_r6_c50_gamma_inv_t_diverges_while_gamma_one_beats_fedzo(driver):
-    """R6 (a regression scenario, not a paper claim): at C = 50 the paper-faithful 1/t schedule
-    ends above F(x_0) after 20 rounds; gamma = 1 (M = 1000) ends below 0.85 x FedZO's F(x_20)."""
-    paper, _ = trajectory(driver, FZooS, 50.0, 20)
-    fixed, _ = trajectory(driver, FZooS, 50.0, 20, gamma="const", num_features=1000)
-    fedzo, _ = trajectory(driver, FedZO, 50.0, 20, **FD)
-    make, _ = driver
-    objective = make(FedZO, objective={"dim": 300, "heterogeneity": 50.0}).objective
-    f0 = objective.value(objective.x0)
-    print(f"C=50 F(x_0)={f0:.3f} FZooS 1/t F(x_20)={paper[-1][2]:.3f} gamma=1 {fixed[-1][2]:.3f} "
-          f"FedZO {fedzo[-1][2]:.3f}")
-    assert paper[-1][2] > f0
-    assert fixed[-1][2] < 0.85 * fedzo[-1][2]
+@pytest.mark.parametrize("gamma", [
+    "const",
+    pytest.param("inv_t", marks=pytest.mark.xfail(strict=True, reason="the paper's 1/t diverges at C = 50 (README)")),
+])
+def test_r6_c50_fzoos_ends_below_every_fd_baseline(driver, gamma):
+    """Fig. 1, C = 50 (paper: FZooS best at every C): F(x_50) of FZooS (M = 10^4) below FedZO, FedProx and
+    SCAFFOLD I/II. Holds with gamma = 1, the documented remedy; the paper's gamma = 1/t ends above F(x_0)."""
+    fz, _ = trajectory(driver, FZooS, 50.0, 50, gamma=gamma)
+    finals = {cls.name: trajectory(driver, cls, 50.0, 50, **FD)[0][-1][2]
+              for cls in (FedZO, ZOFedProx, ZOScaffold1, ZOScaffold2)}
+    print(f"C=50 F(x_50): FZooS gamma={gamma} {fz[-1][2]:.3f}", {k: round(v, 3) for k, v in finals.items()})
+    assert all(fz[-1][2] < v for v in finals.values())
 
 
 def cosine_profile(driver, cls, **params):
