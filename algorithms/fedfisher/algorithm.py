@@ -2,21 +2,25 @@
 the clients' Fisher information.
 
 Each client trains E epochs from W0 and uploads (W_i, F_i) with F_i its diagonal true Fisher
-(`fisher: diag`) or its K-FAC factors (`fisher: kfac`). The server minimizes
+(`fisher: diag`) or its K-FAC factors (`fisher: kfac`), compressed as App. C when `compression` is not
+`none` (§2.5: quantized weights and Fisher, low-rank K-FAC factors; Cost counts the bits). The server minimizes
 Φ(W) = ½ Σ p_i (W − W_i)^T F_i (W − W_i) from W̄ = Σ p_i W_i with the code's Adam variant (lr 0.01,
 betas 0.9/0.99, ε 0.01, 2000 steps) and returns the best iterate on the 500-sample validation set
 every 100 steps (§2.6). `rounds > 1` is the few-shot extension of Fig. 2 (§8.10).
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field
 
-from raysim.algorithms.fedfisher.baselines import FisherStatsParams, OneShot, diag_stats
-from raysim.contract import Cost
-from raysim.algorithms.fedfisher.fisher import kfac_fisher
+from raysim.algorithms.fedfisher.baselines import FisherStatsParams, LocalModel, OneShot
+from raysim.algorithms.fedfisher.fisher import FisherEstimate, FisherType, curvature_layers, diagonal_fisher, kfac_fisher
+from raysim.algorithms.fedfisher.fisher.compress import CompressionKind, Compression
+from raysim.contract import ClientData, Cost
 from raysim.algorithms.fedfisher.merge.average import weighted_average
 from raysim.algorithms.fedfisher.merge.fedfisher import DiagObjective, KFACObjective, OptimizerKind, ServerOptimizer, solve
 from raysim.plugins import register_algorithm
@@ -26,6 +30,11 @@ class FedFisherParams(FisherStatsParams):
     """The Fisher variant and the server solver of spec §2.6 (defaults: the paper's code)."""
 
     fisher: Literal["diag", "kfac"] = "diag"
+    fisher_type: FisherType = Field("true_exact", description="true_exact (eq. (3), the code's), true_mc or empirical")
+    fisher_mc_samples: int = Field(1, ge=1, description="labels drawn per sample for true_mc")
+    compression: CompressionKind = Field("none", description="none, paper (App. C as the code runs it) or explicit")
+    s_q: float = Field(4.0, ge=1, le=32, description="explicit: the Fisher is quantized to floor(32/s_q) bits")
+    s_v: float = Field(1.0, ge=1, description="explicit: K-FAC factors of dim m keep floor(m/(2 s_v)) triplets; 1: no SVD")
     server_opt: OptimizerKind = Field("fedfisher_adam", description="fedfisher_adam (the code's), adam or gd")
     server_lr: float = Field(0.01, gt=0)
     server_betas: tuple[float, float] = (0.9, 0.99)
@@ -40,12 +49,42 @@ class FedFisher(OneShot):
 
     Params = FedFisherParams
 
-    def client_stats(self, module, data):
-        if self.params.fisher == "diag":
-            return diag_stats(self, module, data)
-        kfac = kfac_fisher(module, data.x, self.params.fisher_batch_size)
-        batches = -(-len(data) // self.params.fisher_batch_size)
-        return kfac, kfac.floats, Cost(oracle_calls=len(data) * self.ctx.num_classes, oracle_batches=batches)
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        try:  # a model with parameters outside Linear/Conv layers fails here, before any client trains
+            curvature_layers(self.module)
+        except ValueError as e:
+            raise ValueError(f"model.name: {e}") from None
+        p = self.params
+        self.compression = Compression(p.compression, p.s_q, p.s_v)
+
+    def fisher_stats(self, module: torch.nn.Module, data: ClientData, rng: np.random.Generator):
+        """The client's Fisher (diagonal vector or KFAC), its float count and Cost: one pass over the local data
+        with K backward passes per batch (K = C classes, k Monte Carlo labels, or 1; spec §2.3, §8.7)."""
+        p = self.params
+        gen = torch.Generator().manual_seed(int(rng.integers(2**62))) if p.fisher_type == "true_mc" else None
+        estimate = FisherEstimate(p.fisher_type, p.fisher_mc_samples, gen)
+        compute = diagonal_fisher if p.fisher == "diag" else kfac_fisher
+        stats = compute(module, data.x, p.fisher_batch_size, estimate, data.y)
+        outputs = {"true_exact": self.ctx.num_classes, "true_mc": min(p.fisher_mc_samples, self.ctx.num_classes), "empirical": 1}[p.fisher_type]
+        floats = stats.size if p.fisher == "diag" else stats.floats
+        batches = -(-len(data) // p.fisher_batch_size)
+        return stats, floats, Cost(oracle_calls=len(data) * outputs, oracle_batches=batches)
+
+    def step(self, cstate, data: ClientData, broadcast: np.ndarray, rng: np.random.Generator):
+        """Local training, the Fisher, then the upload (W_i, F_i), compressed if asked; its bits go in Cost
+        (upload_vectors in model-sized vectors of the model's float width: 32d bits for float32, §2.4-2.5)."""
+        module, cost = self.local_train(data, broadcast, rng)
+        params = torch.nn.utils.parameters_to_vector(module.parameters()).detach().cpu().numpy()
+        stats, floats, extra = self.fisher_stats(module, data, rng)
+        bits = (params.size + floats) * params.itemsize * 8
+        if self.compression.kind != "none":
+            sent, stats, bits = self.compression.apply(params, stats, self.spec)
+            params = sent.astype(params.dtype)
+        cost = Cost(oracle_calls=cost.oracle_calls + extra.oracle_calls,
+                    oracle_batches=cost.oracle_batches + extra.oracle_batches,
+                    upload_vectors=bits / (params.size * params.itemsize * 8), upload_bytes=math.ceil(bits / 8))
+        return LocalModel(params, len(data), stats), None, cost
 
     def objective(self, models: np.ndarray, replies: list, weights: np.ndarray) -> DiagObjective | KFACObjective:
         fishers = [r.stats for r in replies]

@@ -5,8 +5,8 @@ W0 and uploads its model (plus statistics); the server merges the uploads in `ag
 64, shuffled each epoch, deterministic from the client's rng), all M clients every round, client
 weights p_i = n_i/N, a 500-sample server validation set drawn with replacement from the pooled
 training data. `rounds > 1` repeats it from the merged model (the few-shot extension, §8.10).
-The baselines here: one-shot FedAvg, FisherMerge, RegMean, OTFusion and PFNM (their math in
-raysim/merge/); FedFisher in `algorithms/fedfisher.py`.
+The baselines here: one-shot FedAvg, FisherMerge, RegMean, OTFusion, PFNM and DENSE (their math in
+`merge/`, `otfusion.py` and `dense.py`); FedFisher in `algorithm.py`.
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.algorithms.fedfisher.fisher import curvature_layers, diagonal_fisher
 from raysim.algorithms.fedfisher.merge.average import client_weights, weighted_average
 from raysim.algorithms.fedfisher.merge.fisher_merge import fisher_merge
-from raysim.algorithms.fedfisher.merge.otfusion import otfusion
 from raysim.algorithms.fedfisher.merge.pfnm import PFNMPrior, pfnm, widen
 from raysim.algorithms.fedfisher.merge.regmean import input_grams, linear_layers, regmean
-from raysim.models import initial_vector, placed_model
+from raysim.algorithms.fedfisher.dense import Generator, distill, synthesize
+from raysim.algorithms.fedfisher.otfusion import flag_grid
+from raysim.models import ParamSpec, initial_vector, placed_model
 from raysim.plugins import register_algorithm
 from raysim.rng import SERVER, SETUP, stream
 
@@ -79,6 +80,10 @@ class OneShot(Algorithm):
         """Top-1 test accuracy and cross-entropy of the merged model; the loss on pooled training data."""
         params = self.spec.unflatten(torch.as_tensor(state.params, dtype=self.dtype, device=self.device))
         return self.metrics(lambda x: functional_call(self.module, params, (x,)), data)
+
+    def export(self, state: ServerState) -> torch.nn.Module:
+        """The merged model (on the CPU)."""
+        return self.spec.module_with(self.module, state.params, self.dtype)
 
     def metrics(self, forward, data: EvalData) -> dict[str, float]:
         """`evaluate`'s metrics of the network `forward` (a callable on a batch of inputs)."""
@@ -230,10 +235,13 @@ class RegMean(OneShot):
 
 @register_algorithm("otfusion")
 class OTFusion(OneShot):
-    """OTFusion: neurons aligned to client 0 by exact OT on the weights, then averaged (spec §4.4)."""
+    """OTFusion: every layer transported onto client 0's by exact OT on the weights, then averaged; the code's
+    `correction` and `past_correction` flags are chosen on validation (spec §4.4)."""
 
     def merge(self, models, replies, weights):
-        return otfusion(models, weights, self.spec, curvature_layers(self.module)), Cost()
+        candidates = list(flag_grid(models, weights, self.spec, curvature_layers(self.module)))
+        best, cost = self.select(candidates)
+        return candidates[best], cost
 
 
 class PFNMParams(OneShotParams):
@@ -291,3 +299,67 @@ class PFNM(OneShot):
         torch.nn.utils.vector_to_parameters(torch.as_tensor(state.params, dtype=self.dtype, device=self.device),
                                             module.parameters())
         return {**self.metrics(module, data), **{f"pfnm_width_{k}": float(w) for k, w in enumerate(state.widths)}}
+
+    def export(self, state: PFNMState) -> torch.nn.Module:
+        """The merged model, widened to the global hidden widths (on the CPU)."""
+        if state.widths is None:
+            return super().export(state)
+        module = widen(self.module, state.widths)
+        return ParamSpec.of(module).module_with(module, state.params, self.dtype)
+
+
+class DENSEParams(OneShotParams):
+    """DENSE's synthesis and distillation; defaults are the paper code's (spec §4.6)."""
+
+    nz: int = Field(256, ge=1, description="latent size of the generator")
+    ngf: int = Field(64, ge=1, description="generator width (channels of its last hidden block)")
+    epochs: int = Field(20, ge=1, description="synthesis + distillation epochs; the best on validation is kept")
+    gen_iterations: int = Field(30, ge=1, description="Adam steps on (generator, z) per epoch (T_G)")
+    gen_lr: float = Field(1e-3, gt=0)
+    synthesis_batch_size: int = Field(256, ge=1)
+    sample_batch_size: int = Field(256, ge=1, description="distillation minibatch over the image pool")
+    oh: float = Field(1.0, ge=0, description="weight of the ensemble's cross-entropy to random targets (lambda_1)")
+    adv: float = Field(0.5, ge=0, description="weight of the adversarial (disagreement) term (lambda_2)")
+    temperature: float = Field(20.0, gt=0, description="distillation temperature")
+    distill_lr: float = Field(0.01, gt=0)
+    distill_momentum: float = Field(0.9, ge=0, lt=1)
+
+
+@register_algorithm("dense")
+class DENSE(OneShot):
+    """DENSE: the student, started at FedAvg, is distilled from the p-weighted logit ensemble of the local models on
+    generator-synthesized images; the epoch best on validation is returned (spec §4.6)."""
+
+    Params = DENSEParams
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.image_shape is None:
+            raise ValueError("model: DENSE synthesizes images; it needs a data source with an image shape")
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in self.module.modules()):
+            raise ValueError("model: DENSE's BatchNorm-statistics loss is not built; use a model without BatchNorm")
+
+    def aggregate(self, state, replies, rng):
+        if not replies:
+            return state, Cost()
+        p, c = self.params, self.ctx
+        weights = client_weights([r.n for r in replies])
+        locals_ = [self.spec.unflatten(torch.as_tensor(r.params, dtype=self.dtype, device=self.device)) for r in replies]
+
+        def teacher(x: torch.Tensor) -> torch.Tensor:
+            return sum(float(w) * functional_call(self.module, m, (x,)) for w, m in zip(weights, locals_))
+
+        student = self._module_at(weighted_average(np.stack([r.params for r in replies]), weights))
+        generator = Generator(p.nz, p.ngf, tuple(c.image_shape)).to(self.device, self.dtype)
+        opt = torch.optim.SGD(student.parameters(), lr=p.distill_lr, momentum=p.distill_momentum)
+        g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        pool, candidates, steps = [], [], 0
+        for _ in range(p.epochs):
+            pool.append(synthesize(teacher, student, generator, p.nz, c.num_classes, p.synthesis_batch_size,
+                                   p.gen_iterations, p.gen_lr, p.oh, p.adv, g))
+            steps += p.gen_iterations + distill(student, teacher, torch.cat(pool), opt, p.sample_batch_size,
+                                                p.temperature, g)
+            candidates.append(torch.nn.utils.parameters_to_vector(student.parameters()).detach().cpu().numpy())
+        best, cost = self.select(candidates) if self.validation is not None else (len(candidates) - 1, Cost())
+        merged = np.asarray(candidates[best], dtype=state.params.dtype)
+        return ServerState(merged), Cost(oracle_calls=cost.oracle_calls, oracle_batches=steps)

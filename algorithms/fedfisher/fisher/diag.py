@@ -1,7 +1,8 @@
 """The diagonal of the true Fisher (specs/fedfisher.md §2.3, eq. (3)), averaged over the local samples.
 
-[F]_kk = (1/n) sum_x sum_c p_c(x) (d log p_c(x) / dW_k)^2. Per layer the per-sample, per-class
-gradient is sum_t g_t a_t^T; it is squared after the sum over locations t (Linear: (g^2)(a^2)^T).
+[F]_kk = (1/n) sum_x sum_c p_c(x) (d log p_c(x) / dW_k)^2 (or its Monte Carlo / empirical estimate, §8.7).
+Per layer the per-sample, per-output gradient is sum_t g_t a_t^T; it is squared after the sum over locations t
+(Linear: (g^2)(a^2)^T).
 """
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.algorithms.fedfisher.fisher.layers import class_gradient_batches, curvature_layers, split_layer_matrix
+from raysim.algorithms.fedfisher.fisher.layers import (FisherEstimate, class_gradient_batches, curvature_layers,
+                                                       split_layer_matrix)
 from raysim.models import ParamSpec
 
 
-def diagonal_fisher(module: nn.Module, x: torch.Tensor, batch_size: int = 64) -> np.ndarray:
-    """diag(F) at the module's current parameters over the samples `x`, as a flat vector in ParamSpec order."""
+def diagonal_fisher(module: nn.Module, x: torch.Tensor, batch_size: int = 64,
+                    estimate: FisherEstimate = FisherEstimate(), y: torch.Tensor | None = None) -> np.ndarray:
+    """diag(F) at the module's current parameters over the samples `x` (labels `y`), a flat vector in ParamSpec order."""
     layers = curvature_layers(module)
     acc = [torch.zeros(l.out_dim, l.in_dim, dtype=x.dtype, device=x.device) for l in layers]
-    for batch in class_gradient_batches(module, layers, x, batch_size):
+    for batch in class_gradient_batches(module, layers, x, batch_size, estimate, y):
         for total, a, g in zip(acc, batch.a, batch.g):
             if a.shape[1] == 1:
                 total += torch.einsum("cbo,bi->oi", g[:, :, 0] ** 2, a[:, 0] ** 2)

@@ -3,6 +3,8 @@
 Per Linear/Conv layer: A = sqrt(C)/n sum_x sum_t a_t a_t^T and
 G = 1/(sqrt(C) n) sum_x sum_c (1/|T|) sum_t g_{c,t} g_{c,t}^T, so the layer's Fisher block is
 G ⊗ A in row-major vec order and its product with a layer-shaped V is G V A (nngeometry PMatKFAC).
+With a Monte Carlo or empirical estimate (§8.7) the sum over c runs over its K outputs and sqrt(C) is sqrt(K);
+the sqrt factors cancel in G ⊗ A.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.algorithms.fedfisher.fisher.layers import Layer, class_gradient_batches, curvature_layers
+from raysim.algorithms.fedfisher.fisher.layers import FisherEstimate, Layer, class_gradient_batches, curvature_layers
 
 
 @dataclass
@@ -41,13 +43,14 @@ class KFAC:
         return sum(b.A.nbytes + b.G.nbytes for b in self.blocks)
 
 
-def kfac_fisher(module: nn.Module, x: torch.Tensor, batch_size: int = 64) -> KFAC:
-    """The K-FAC factors at the module's current parameters over the samples `x`."""
+def kfac_fisher(module: nn.Module, x: torch.Tensor, batch_size: int = 64, estimate: FisherEstimate = FisherEstimate(),
+                y: torch.Tensor | None = None) -> KFAC:
+    """The K-FAC factors at the module's current parameters over the samples `x` (labels `y`)."""
     layers = curvature_layers(module)
     a_acc = [torch.zeros(l.in_dim, l.in_dim, dtype=x.dtype, device=x.device) for l in layers]
     g_acc = [torch.zeros(l.out_dim, l.out_dim, dtype=x.dtype, device=x.device) for l in layers]
     classes = None
-    for batch in class_gradient_batches(module, layers, x, batch_size):
+    for batch in class_gradient_batches(module, layers, x, batch_size, estimate, y):
         for a_tot, g_tot, a, g in zip(a_acc, g_acc, batch.a, batch.g):
             classes = g.shape[0]
             a_tot += torch.einsum("bti,btj->ij", a, a)

@@ -2,20 +2,48 @@
 
 For a Linear or Conv layer y = W a (+ b), the gradient of any scalar o w.r.t. W is
 sum over locations of g a^T, with a the layer input (im2col patches for convolutions, a trailing 1
-for the bias) and g = do/dy. One pass captures a with forward hooks and, for every class c, the
-g of o_c = sqrt(p_c) log p_c (sqrt(p_c) detached), so sums of squares give the true Fisher with the
-expectation over y taken exactly (nngeometry's `classif_logits` variant).
+for the bias) and g = do/dy. One pass captures a with forward hooks and the g of K scalar outputs o_k per sample chosen so
+that sum_k grad o_k grad o_k^T estimates the Fisher at that sample (`FisherEstimate`, spec §8.7).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
+FisherType = Literal["true_exact", "true_mc", "empirical"]
+
+
+@dataclass(frozen=True)
+class FisherEstimate:
+    """Which expectation over y the Fisher takes (spec §8.7), as the K outputs o_k of each sample:
+    true_exact: o_c = sqrt(p_c) log p_c for all C classes, sqrt(p_c) detached (eq. (3); nngeometry's
+    `classif_logits`, the paper code's); true_mc: o_s = log p_{y_s} / sqrt(k) for k labels y_s ~ p(.|x)
+    (for k >= C, equivalently and cheaper, o_c = sqrt(k_c/k) log p_c with k_c the draws of c);
+    empirical: o = log p_y at the sample's own label (not eq. (3): the empirical Fisher)."""
+
+    kind: FisherType = "true_exact"
+    samples: int = 1
+    generator: torch.Generator | None = None
+
+    def outputs(self, logp: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        """[batch, K] outputs o_k from the log-probabilities [batch, C] and the labels [batch]."""
+        if self.kind == "true_exact":
+            return logp.exp().detach().sqrt() * logp
+        if self.kind == "empirical":
+            if y is None:
+                raise ValueError("fisher_type 'empirical' needs the samples' labels")
+            return logp.gather(1, y[:, None].to(logp.device))
+        draws = torch.multinomial(logp.exp().detach().cpu(), self.samples, replacement=True,
+                                  generator=self.generator).to(logp.device)
+        if self.samples < logp.shape[1]:
+            return logp.gather(1, draws) / self.samples ** 0.5
+        counts = torch.zeros_like(logp).scatter_add_(1, draws, torch.ones_like(draws, dtype=logp.dtype))
+        return (counts / self.samples).sqrt() * logp  # the same sum with K = C outputs: sqrt(share of c) log p_c
 
 
 @dataclass(frozen=True)
@@ -47,7 +75,9 @@ def curvature_layers(module: nn.Module) -> list[Layer]:
         covered |= {f"{prefix}weight", *([bias] if bias else [])}
     missing = [n for n, _ in module.named_parameters() if n not in covered]
     if missing:
-        raise ValueError(f"parameters {missing} are not in a Linear/Conv1d/Conv2d layer; their Fisher is not supported")
+        raise ValueError(f"parameters {missing} are not in a Linear/Conv1d/Conv2d layer: the Fisher here (diagonal and "
+                         f"K-FAC) covers only those layers and has no fallback for others (normalization layers, "
+                         f"embeddings); use a model whose parameters all sit in Linear/Conv layers")
     return layers
 
 
@@ -66,7 +96,7 @@ def patches(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _out_grads(m: nn.Module, g: torch.Tensor) -> torch.Tensor:
-    """do/dy of a batch of classes [C, batch, *y.shape[1:]] as [C, batch, locations, out_dim]."""
+    """do/dy of the K outputs [K, batch, *y.shape[1:]] as [K, batch, locations, out_dim]."""
     if isinstance(m, nn.Linear):
         return g.reshape(g.shape[0], g.shape[1], -1, g.shape[-1])
     return g.flatten(3).transpose(2, 3)
@@ -74,16 +104,17 @@ def _out_grads(m: nn.Module, g: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class BatchStats:
-    """One batch: per layer the inputs a [B, T, in_dim] and the class-wise output gradients g [C, B, T, out_dim]."""
+    """One batch: per layer the inputs a [B, T, in_dim] and the output gradients g [K, B, T, out_dim] of the K outputs o_k."""
 
     a: list[torch.Tensor]
     g: list[torch.Tensor]
 
 
-def class_gradient_batches(module: nn.Module, layers: list[Layer], x: torch.Tensor,
-                           batch_size: int) -> Iterator[BatchStats]:
-    """For each batch of `x`: one forward pass, then the C backward passes of o_c = sqrt(p_c) log p_c
-    (batched with `is_grads_batched`), returning the layer inputs and output gradients."""
+def class_gradient_batches(module: nn.Module, layers: list[Layer], x: torch.Tensor, batch_size: int,
+                           estimate: FisherEstimate = FisherEstimate(),
+                           y: torch.Tensor | None = None) -> Iterator[BatchStats]:
+    """For each batch of `x` (labels `y`): one forward pass, then the K backward passes of the estimate's
+    outputs o_k (batched with `is_grads_batched`), returning the layer inputs and output gradients."""
     mods = [module.get_submodule(l.name) if l.name else module for l in layers]
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
@@ -97,8 +128,7 @@ def class_gradient_batches(module: nn.Module, layers: list[Layer], x: torch.Tens
     try:
         for s in range(0, len(x), batch_size):
             logits = module(x[s : s + batch_size])
-            logp = F.log_softmax(logits, dim=1)
-            o = logp.exp().detach().sqrt() * logp
+            o = estimate.outputs(F.log_softmax(logits, dim=1), None if y is None else y[s : s + batch_size])
             c = o.shape[1]
             eye = torch.eye(c, dtype=o.dtype, device=o.device)[:, None, :].expand(c, *o.shape)
             outs = [outputs[i] for i in range(len(mods))]

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.algorithms.fedfisher.fisher import kfac_fisher
+from raysim.algorithms.fedfisher.fisher import KFAC, KFACBlock, curvature_layers, kfac_fisher
 from raysim.algorithms.fedfisher.merge.average import weighted_average
 from raysim.algorithms.fedfisher.merge.fedfisher import (DenseObjective, DiagObjective, KFACObjective, ServerOptimizer, min_norm_solution,
                                     solve)
@@ -84,21 +84,23 @@ def kfac_clients(m, seed=0):
     return np.stack(models), fishers, spec
 
 
+def dense_fisher(f):
+    """The dense F_i of small_net's K-FAC in ParamSpec order: layer 0 is [W (4x5) | b (4)], so coordinates permute."""
+    perm = np.concatenate([np.concatenate([np.arange(20).reshape(4, 5), 20 + np.arange(4)[:, None]], 1).reshape(-1),
+                           24 + np.arange(12)])
+    blk = np.zeros((36, 36))
+    blk[:24, :24] = np.kron(f.blocks[0].G, f.blocks[0].A)
+    blk[24:, 24:] = np.kron(f.blocks[1].G, f.blocks[1].A)
+    full = np.zeros((36, 36))
+    full[np.ix_(perm, perm)] = blk
+    return full
+
+
 def test_kfac_gradient_equals_the_dense_block_diagonal_fisher():
     models, fishers, spec = kfac_clients(3)
     p = np.array([0.1, 0.6, 0.3])
     obj = KFACObjective(models, fishers, p, spec, dtype=torch.float64)
-    # dense F_i in ParamSpec order: layer 0 is [W (4x5) | b (4)], i.e. coordinates permuted
-    perm = np.concatenate([np.concatenate([np.arange(20).reshape(4, 5), 20 + np.arange(4)[:, None]], 1).reshape(-1),
-                           24 + np.arange(12)])
-    dense = []
-    for f in fishers:
-        blk = np.zeros((36, 36))
-        blk[:24, :24] = np.kron(f.blocks[0].G, f.blocks[0].A)
-        blk[24:, 24:] = np.kron(f.blocks[1].G, f.blocks[1].A)
-        full = np.zeros((36, 36))
-        full[np.ix_(perm, perm)] = blk
-        dense.append(full)
+    dense = [dense_fisher(f) for f in fishers]
     w = np.random.default_rng(3).standard_normal(36)
     expect = sum(pi * f @ (w - wi) for pi, f, wi in zip(p, dense, models))
     np.testing.assert_allclose(obj.grad(torch.as_tensor(w)).numpy(), expect, rtol=1e-9, atol=1e-12)
@@ -106,27 +108,38 @@ def test_kfac_gradient_equals_the_dense_block_diagonal_fisher():
     assert obj.value(torch.as_tensor(w)) == pytest.approx(value, rel=1e-9)
 
 
+@pytest.mark.parametrize("kind", ["gd", "fedfisher_adam"])
 @pytest.mark.parametrize("variant", ["diag", "kfac"])
-def test_invariances_identical_clients_identity_fishers_and_one_client(variant):
+def test_invariances_identical_clients_identity_fishers_and_one_client(variant, kind):
+    """Each case's answer W (the shared model; FedAvg for F_i = cI; W_1 for M = 1) is reached from a start
+    W̄ + δ away from it, not just kept from W̄ (where ∇Φ = 0 and any update rule stays): after 2000 steps the
+    gradient Σ p_i F_i (W_T − W) is 1000x smaller than at the start (measured: ≤ 1.4e-4 of it), and gd leaves
+    the start's component in null(Σ p_i F_i) unchanged (Lemma 1)."""
     models, fishers, spec = kfac_clients(3, seed=4)
-    opt = ServerOptimizer()
-
-    def run(ms, fs, p):
-        obj = (DiagObjective(ms, fs, p, torch.float64) if variant == "diag"
-               else KFACObjective(ms, fs, p, spec, torch.float64))
-        return solve(obj, weighted_average(ms, p), 300, opt).w
-
+    rng = np.random.default_rng(6)
     if variant == "diag":
-        fishers = np.random.default_rng(5).exponential(1.0, models.shape)
+        fishers = rng.exponential(1.0, models.shape)
         identity = np.ones_like(fishers) * 2.0
+        dense = np.diag
     else:
         identity = [type(f)([type(b)(b.layer, 2.0 * np.eye(len(b.A)), np.eye(len(b.G))) for b in f.blocks])
                     for f in fishers]
-    same_m, same_f = np.repeat(models[:1], 3, 0), [fishers[0]] * 3 if variant == "kfac" else np.repeat(fishers[:1], 3, 0)
+        dense = dense_fisher
     p = np.array([0.2, 0.5, 0.3])
-    np.testing.assert_allclose(run(same_m, same_f, p), models[0], atol=1e-12)
-    np.testing.assert_allclose(run(models, identity, p), weighted_average(models, p), atol=1e-12)
-    np.testing.assert_allclose(run(models[:1], fishers[:1], np.ones(1)), models[0], atol=1e-12)
+    same_f = [fishers[0]] * 3 if variant == "kfac" else np.repeat(fishers[:1], 3, 0)
+    cases = [(np.repeat(models[:1], 3, 0), same_f, p, models[0]), (models, identity, p, weighted_average(models, p)),
+             (models[:1], fishers[:1], np.ones(1), models[0])]
+    for ms, fs, pp, answer in cases:
+        obj = DiagObjective(ms, fs, pp, torch.float64) if variant == "diag" else KFACObjective(ms, fs, pp, spec, torch.float64)
+        f_sum = sum(pi * dense(f) for pi, f in zip(pp, fs))
+        lam = np.linalg.eigvalsh(f_sum)
+        start = weighted_average(ms, pp) + 0.5 * rng.standard_normal(ms.shape[1])
+        opt = ServerOptimizer("gd", lr=1.0 / lam.max()) if kind == "gd" else ServerOptimizer()
+        w = solve(obj, start, 2000, opt).w
+        assert np.linalg.norm(f_sum @ (w - answer)) < 1e-3 * np.linalg.norm(f_sum @ (start - answer))
+        if kind == "gd":
+            null = np.linalg.eigh(f_sum)[1][:, lam < 1e-9 * lam.max()]
+            np.testing.assert_allclose(null.T @ w, null.T @ start, atol=1e-10)
 
 
 def test_code_adam_update_without_bias_correction_and_eps_placement():
@@ -145,6 +158,30 @@ def test_code_adam_update_without_bias_correction_and_eps_placement():
         m, v = g + 0.9 * m, g * g + 0.99 * v
         w -= 0.01 * m / np.sqrt(v + 0.01)
     assert solve(obj, np.ones(1), 2, ServerOptimizer()).w[0] == pytest.approx(w, rel=1e-12)
+
+
+def test_kfac_update_has_epsilon_inside_the_square_root():
+    """The code's K-FAC rule w -= lr m / sqrt(v + ε) (spec §2.6), by hand for 3 steps on one bias-free 2x2 layer
+    with ∇Φ = (G ⊗ A)(w − w_1) from np.kron; |g| ~ 0.05 ~ sqrt(ε)/2, where ε outside the sqrt moves w 1.2-1.8x as far."""
+    layer = nn.Linear(2, 2, bias=False).double()
+    spec = ParamSpec.of(layer)
+    a, g = np.array([[0.2, 0.05], [0.05, 0.1]]), np.array([[0.3, 0.1], [0.1, 0.2]])
+    block = KFAC([KFACBlock(curvature_layers(layer)[0], a, g)])
+    target = np.array([0.3, -0.2, 0.1, 0.4])
+    obj = KFACObjective(target[None], [block], np.ones(1), spec, torch.float64)
+    fisher = np.kron(g, a)
+
+    def by_hand(inside):
+        w, m, v = np.ones(4), np.zeros(4), np.zeros(4)
+        for _ in range(3):
+            grad = fisher @ (w - target)
+            m, v = grad + 0.9 * m, grad * grad + 0.99 * v
+            w = w - 0.01 * m / (np.sqrt(v + 0.01) if inside else np.sqrt(v) + 0.01)
+        return w
+
+    w = solve(obj, np.ones(4), 3, ServerOptimizer()).w
+    np.testing.assert_allclose(w, by_hand(inside=True), rtol=1e-12)
+    assert np.abs(w - by_hand(inside=False)).max() > 100 * np.abs(w - by_hand(inside=True)).max() + 1e-3
 
 
 def test_selection_scores_every_100_steps_after_the_update_and_keeps_the_earliest_best():
