@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.func import functional_call, grad, vmap
 from torch.nn.utils.rnn import pad_sequence
 
+from raysim.local_optim import LocalOptimizer
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.models import initial_vector, placed_model
 from raysim.sampling import sample_clients
@@ -88,6 +89,8 @@ class LocalSGDParams(BaseModel):
     strong_convexity: float | None = Field(None, gt=0, description="μ of the fedpaq schedules; None: l2")
     L1: float | None = Field(None, gt=0, description="smoothness of the fedpaq schedules (T0 = 4κ, the cap 1/L1)")
     t0: float | None = Field(None, ge=0, description="shift T0 of the fedpaq schedule; None: 4κ = 4 L1/μ")
+    local_optimizer: LocalOptimizer = Field(default_factory=LocalOptimizer,
+                                            description="{kind: sgd | adam, momentum, weight_decay, betas, eps}")
     quantizer: Literal["none", "qsgd"] = Field("none", description="upload Q(Δ): identity or unbiased QSGD")
     levels: int = Field(1, ge=1, description="QSGD levels s")
 
@@ -232,14 +235,15 @@ class LocalSGD(Algorithm):
     def step(self, cstate, data: ClientData, broadcast: Broadcast | np.ndarray, rng: np.random.Generator):
         """The per-client reference: local SGD on one client, one step at a time."""
         theta_g, lr = self._unpack(broadcast)
-        theta = theta_g.clone()
+        theta = theta_g.clone()[None]
         bp = self._plan_for(data, rng)
         idx = torch.from_numpy(bp.idx).to(self.device)
         w = torch.from_numpy(bp.w).to(self.device, self.dtype)
+        opt, one = self.params.local_optimizer.start(theta), torch.ones((1, 1), dtype=self.dtype, device=self.device)
         for s in range(len(bp.idx)):
-            g = self.spec.flatten(self._grad(self.spec.unflatten(theta), data.x[idx[s]], data.y[idx[s]], w[s]))
-            theta = theta - lr * (g + self.mu * (theta - theta_g))
-        return self._reply((theta - theta_g).cpu().numpy(), data, bp, rng)
+            g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
+            opt.step(theta, (g + self.mu * (theta[0] - theta_g))[None], lr, one)
+        return self._reply((theta[0] - theta_g).cpu().numpy(), data, bp, rng)
 
     def _batch_width(self, plans: list[BatchPlan]) -> int:
         """The padded minibatch width of a vectorized step: the batch size, or the largest client's size
@@ -269,11 +273,12 @@ class LocalSGD(Algorithm):
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.expand(k, -1).clone()
         rows = torch.arange(k, device=self.device)[:, None]
+        opt = self.params.local_optimizer.start(theta)
         for s in range(steps):
             g = self.spec.flatten(self._vgrad(self.spec.unflatten(theta), x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s]))
             if self.mu:
                 g = g + self.mu * (theta - theta_g)
-            theta.addcmul_(active[:, s], g, value=-lr)  # in place: no new k x d buffers per step
+            opt.step(theta, g, lr, active[:, s])  # in place: plain SGD makes no new k x d buffers per step
         deltas = (theta - theta_g).cpu().numpy()
         return [self._reply(delta, d, p, r) for delta, d, p, r in zip(deltas, datas, plans, rngs)]
 
