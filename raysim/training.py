@@ -240,10 +240,16 @@ class LocalSGD(Algorithm):
         idx = torch.from_numpy(bp.idx).to(self.device)
         w = torch.from_numpy(bp.w).to(self.device, self.dtype)
         opt, one = self.params.local_optimizer.start(theta), torch.ones((1, 1), dtype=self.dtype, device=self.device)
+        correction = self.correction([cstate], broadcast)
         for s in range(len(bp.idx)):
             g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
-            opt.step(theta, (g + self.mu * (theta[0] - theta_g))[None], lr, one)
+            g = (g + self.mu * (theta[0] - theta_g))[None]
+            opt.step(theta, g if correction is None else g + correction, lr, one)
         return self._reply((theta[0] - theta_g).cpu().numpy(), data, bp, rng)
+
+    def correction(self, cstates: list, broadcast) -> torch.Tensor | None:
+        """A fixed term [k, d] added to every local gradient of the round's clients (SCAFFOLD's c − c_i); None here."""
+        return None
 
     def _batch_width(self, plans: list[BatchPlan]) -> int:
         """The padded minibatch width of a vectorized step: the batch size, or the largest client's size
@@ -274,10 +280,13 @@ class LocalSGD(Algorithm):
         theta = theta_g.expand(k, -1).clone()
         rows = torch.arange(k, device=self.device)[:, None]
         opt = self.params.local_optimizer.start(theta)
+        correction = self.correction(cstates, broadcast)
         for s in range(steps):
             g = self.spec.flatten(self._vgrad(self.spec.unflatten(theta), x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s]))
             if self.mu:
                 g = g + self.mu * (theta - theta_g)
+            if correction is not None:
+                g = g + correction
             opt.step(theta, g, lr, active[:, s])  # in place: plain SGD makes no new k x d buffers per step
         deltas = (theta - theta_g).cpu().numpy()
         return [self._reply(delta, d, p, r) for delta, d, p, r in zip(deltas, datas, plans, rngs)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from raysim.algorithms.fedavg.scaffold import Scaffold
 from raysim.algorithms.fedavg.server_opt import FedOptState, ServerOpt, ServerOptKind
 from raysim.contract import Cost
 from raysim.plugins import register_algorithm
@@ -103,3 +104,6 @@ class FedYogi(_FedOpt):
 
     Params = FedAdaptiveParams
     kind = "yogi"
+
+
+__all__ = ["FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedProx", "FedYogi", "Scaffold"]
