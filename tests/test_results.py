@@ -21,3 +21,17 @@ def test_empty_table(tmp_path):
     write_parquet([], tmp_path / "e.parquet")
     assert pd.read_parquet(tmp_path / "e.parquet").empty
 
+
+def test_client_parts_load_in_round_order_with_the_union_of_their_columns(tmp_path):
+    """RunResult.load reads clients.parquet/round-*.parquet as one dataset: 12 parts in round order (written out of
+    order), a column that only later rounds have is null before."""
+    from raysim.results import RunResult
+
+    write_parquet([{"round": 1}], tmp_path / "rounds.parquet")
+    for r in (3, 11, 1, 12, 2, 4, 5, 6, 7, 8, 9, 10):
+        rows = [{"round": r, "client": c, "loss": r + c / 10, **({"extra": float(r)} if r > 10 else {})} for c in range(3)]
+        write_parquet(rows, tmp_path / "clients.parquet" / f"round-{r:06d}.parquet")
+    clients = RunResult.load(tmp_path).clients
+    assert clients["round"].tolist() == [r for r in range(1, 13) for _ in range(3)]
+    assert clients["loss"].tolist() == [r + c / 10 for r in range(1, 13) for c in range(3)]
+    assert clients["extra"].isna().sum() == 30 and clients["extra"].iloc[-1] == 12.0
