@@ -35,6 +35,19 @@ def log_level(verbose: bool = False, quiet: bool = False) -> int:
     return logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
 
 
+class StderrHandler(logging.StreamHandler):
+    """A StreamHandler that writes to whatever `sys.stderr` is at the time of each record, so a logger configured
+    once keeps working after stderr is replaced (pytest's capture, a notebook, a redirected stream)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(verbose: bool = False, quiet: bool = False) -> int:
     """Send the raysim logger to stderr (rich on a terminal, time-stamped plain lines otherwise); its level."""
     level = log_level(verbose, quiet)
@@ -45,7 +58,7 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> int:
 
         handler: logging.Handler = RichHandler(console=Console(stderr=True), show_path=False)
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s raysim %(levelname)s %(message)s", "%H:%M:%S"))
     setattr(handler, _HANDLER_MARK, True)
     LOGGER.addHandler(handler)

@@ -122,8 +122,8 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
     started: list[Callback] = []
     status = "failed"
     try:
-        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resume is not None else f"writing {run_dir}")
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
+        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resume is not None else f"writing {run_dir}")
         save_federated(fed, run_dir / "data")
         t_data = time.perf_counter()
         LOGGER.info("data: %d clients, %d training and %d test samples (%.1f s)", fed.num_clients, fed.num_train,

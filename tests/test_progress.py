@@ -72,3 +72,20 @@ def test_a_bad_log_level_is_one_line(tmp_path, capsys, monkeypatch):
     assert cli_run(tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "RAYSIM_LOG_LEVEL='LOUD'" in err[0] and "INFO" in err[0]
+
+
+def test_the_logger_follows_stderr_when_it_is_replaced(monkeypatch):
+    """Configured once (by the CLI), the plain handler writes to the stderr of the moment, not a closed earlier one."""
+    import io
+    import sys
+
+    from raysim.progress import LOGGER, configure_logging
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging()
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    LOGGER.info("after the swap")
+    assert "raysim INFO after the swap" in second.getvalue()
