@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.data.config import DataConfig
-from raysim.data.partition import NATURAL, apportion, partition, sample_per_group
+from raysim.data.partition import NATURAL, apportion_rows, partition, sample_per_group
 from raysim.data.sources import load_source
 from raysim.errors import DataError
 from raysim.results import atomic_write_bytes
@@ -103,7 +103,7 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
     num_labels = int(label_index.max()) + 1
     strata = groups * num_labels + label_index
     counts = np.bincount(strata, minlength=len(totals) * num_labels).reshape(len(totals), num_labels)
-    take = np.concatenate([apportion(int(t), row) for t, row in zip(totals, counts)])
+    take = apportion_rows(totals, counts).reshape(-1)
     test = np.zeros(n, dtype=bool)
     test[sample_per_group(strata, take, rng)] = True
     return test

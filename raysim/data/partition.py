@@ -40,16 +40,23 @@ def apportion(total: int, weights: np.ndarray, minimum: int = 0) -> np.ndarray:
     Largest-remainder rounding, so no size exceeds its exact share by one or more.
     """
     weights = np.asarray(weights, dtype=np.float64)
-    rest = total - minimum * len(weights)
-    if rest < 0:
+    if total - minimum * len(weights) < 0:
         raise DataError(f"cannot give {len(weights)} parts at least {minimum} each out of {total}")
-    if weights.sum() <= 0:
-        weights = np.ones_like(weights)
-    exact = rest * weights / weights.sum()
+    return apportion_rows(np.array([total]), weights[None], minimum)[0]
+
+
+def apportion_rows(totals: np.ndarray, weights: np.ndarray, minimum: int = 0) -> np.ndarray:
+    """`apportion` of each row of the 2-D `weights` to its own total, all rows at once (no loop over rows)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    rest = np.asarray(totals, dtype=np.int64) - minimum * weights.shape[1]
+    weights = np.where(weights.sum(axis=1, keepdims=True) <= 0, 1.0, weights)
+    exact = rest[:, None] * weights / weights.sum(axis=1, keepdims=True)
     sizes = np.floor(exact).astype(np.int64)
-    short = rest - int(sizes.sum())
-    sizes[np.argsort(sizes - exact, kind="stable")[:short]] += 1
-    return sizes + minimum
+    short = rest - sizes.sum(axis=1)
+    order = np.argsort(sizes - exact, axis=1, kind="stable")  # the largest remainders first
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(weights.shape[1])[None].repeat(len(order), axis=0), axis=1)
+    return sizes + (rank < short[:, None]) + minimum
 
 
 def _deal(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -164,17 +164,45 @@ def synthetic(cfg: DataConfig, seed: int) -> Source:
     sizes = apportion(cfg.synthetic_samples, rng.lognormal(4.0, 2.0, k) + 50.0, minimum)
     u = rng.normal(0.0, cfg.synthetic_alpha, (k, c))
     v = rng.normal(rng.normal(0.0, cfg.synthetic_beta, (k, 1)), 1.0, (k, d))
+    x, y = np.empty((int(sizes.sum()), d), np.float32), np.empty(int(sizes.sum()), np.int64)
+    first = np.concatenate([[0], np.cumsum(sizes)])
+    for a, b in _client_blocks(sizes):
+        x[first[a]:first[b]], y[first[a]:first[b]] = _synthetic_block(rng, u[a:b], v[a:b], sizes[a:b], c)
+    return Source(x, y, (d,), c, natural_clients=np.repeat(np.arange(k, dtype=np.int64), sizes))
+
+
+SYNTHETIC_BLOCK_ROWS = 1 << 15  # samples drawn at once: the gathered per-sample weights stay near 50 MB
+
+
+def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Consecutive client ranges [a, b) of about SYNTHETIC_BLOCK_ROWS samples (one client at least)."""
+    ends = np.cumsum(sizes)
+    a = 0
+    while a < len(sizes):
+        b = max(a + 1, int(np.searchsorted(ends, ends[a] - sizes[a] + SYNTHETIC_BLOCK_ROWS, side="right")))
+        yield a, b
+        a = b
+
+
+def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, sizes: np.ndarray,
+                     c: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of consecutive clients with means u (classes) and v (features), from one draw of standard normals.
+
+    Each client takes W_k (d x c), then b_k (c), then its x rows from the stream, in client order, as a loop
+    over clients drawing `normal(u_k, 1)` and `standard_normal` would: the numbers do not depend on the blocks.
+    """
+    m, d = v.shape
+    per_client = d * c + c + sizes * d
+    z = rng.standard_normal(int(per_client.sum()))
+    start = np.concatenate([[0], np.cumsum(per_client)[:-1]])
+    w = u[:, None, :] + z[start[:, None] + np.arange(d * c)].reshape(m, d, c)
+    b = u + z[start[:, None] + d * c + np.arange(c)]
+    owner = np.repeat(np.arange(m), sizes)
+    row = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # a sample's row within its client
     scale = np.arange(1, d + 1) ** -0.6  # sqrt of the covariance diagonal j^-1.2
-    xs, ys = [], []
-    for i in range(k):
-        w = rng.normal(u[i], 1.0, (d, c))
-        b = rng.normal(u[i], 1.0, c)
-        x = v[i] + rng.standard_normal((sizes[i], d)) * scale
-        xs.append(x)
-        ys.append(np.argmax(x @ w + b, axis=1))
-    natural = np.repeat(np.arange(k, dtype=np.int64), sizes)
-    return Source(np.concatenate(xs).astype(np.float32), np.concatenate(ys).astype(np.int64), (d,), c,
-                  natural_clients=natural)
+    x = v[owner] + z[(start[owner] + d * c + c + row * d)[:, None] + np.arange(d)] * scale
+    logits = np.einsum("nd,ndc->nc", x, w[owner]) + b[owner]
+    return x.astype(np.float32), np.argmax(logits, axis=1)
 
 
 def _is_number(t: pa.DataType) -> bool:

@@ -6,7 +6,7 @@ import pytest
 
 from raysim.data import PartitionConfig, partition, register_partitioner
 from raysim.plugins import PARTITIONERS
-from raysim.data.partition import apportion, dirichlet_classes
+from raysim.data.partition import apportion, apportion_rows, dirichlet_classes
 from raysim.rng import SERVER, SETUP, stream
 
 KINDS = ["iid", "dirichlet", "shards", "quantity"]
@@ -108,6 +108,16 @@ def test_apportion_sums_and_respects_minimum():
     assert sizes.sum() == 100 and sizes.min() >= 5
     with pytest.raises(ValueError):
         apportion(10, np.ones(3), minimum=4)
+
+
+def test_apportion_rows_is_apportion_of_each_row():
+    """The vectorized form (the holdout of 10^6 natural clients) gives bitwise each row's own apportion, zero rows too."""
+    rng = np.random.default_rng(0)
+    weights = np.floor(rng.random((300, 10)) * 8) * (rng.random((300, 10)) < 0.6)
+    weights[::25] = 0.0
+    totals = rng.integers(0, 60, 300)
+    expected = np.stack([apportion(int(t), w) for t, w in zip(totals, weights)])
+    assert np.array_equal(apportion_rows(totals, weights), expected) and (weights.sum(1) == 0).any()
 
 
 def test_dirichlet_classes_orientation_and_heterogeneity():

@@ -75,6 +75,30 @@ def test_synthetic_shapes_and_natural_clients():
     assert np.array_equal(src.x, load_source(cfg, seed=0).x)
 
 
+def test_synthetic_draws_each_client_in_turn_whatever_the_block(monkeypatch):
+    """The blocked generator gives the numbers of the per-client loop of the definition (W_k, b_k, then x_k from one
+    stream), with blocks of one client, of a few, and of all."""
+    from raysim.data import sources
+    from raysim.data.partition import apportion
+    from raysim.rng import SERVER, SETUP, stream
+
+    cfg = DataConfig(source="synthetic", num_clients=40, synthetic_samples=3000, synthetic_features=7,
+                     synthetic_classes=4, synthetic_alpha=1.0, synthetic_beta=1.0, partition={"kind": "natural"})
+    rng = stream(3, SETUP, SERVER, "synthetic")
+    sizes = apportion(3000, rng.lognormal(4.0, 2.0, 40) + 50.0, 2)  # min_size 1 kept after a 0.2 holdout
+    u, v = rng.normal(0.0, 1.0, (40, 4)), rng.normal(rng.normal(0.0, 1.0, (40, 1)), 1.0, (40, 7))
+    xs, ys = [], []
+    for k in range(40):
+        w, b = rng.normal(u[k], 1.0, (7, 4)), rng.normal(u[k], 1.0, 4)
+        xs.append(v[k] + rng.standard_normal((sizes[k], 7)) * np.arange(1, 8) ** -0.6)
+        ys.append(np.argmax(xs[-1] @ w + b, axis=1))
+    for rows in (1, 200, 10**6):
+        monkeypatch.setattr(sources, "SYNTHETIC_BLOCK_ROWS", rows)
+        src = load_source(cfg, 3)
+        assert np.array_equal(src.x, np.concatenate(xs).astype(np.float32)) and np.array_equal(src.y, np.concatenate(ys))
+        assert np.array_equal(src.natural_clients, np.repeat(np.arange(40), sizes))
+
+
 def test_synthetic_alpha_and_beta_increase_heterogeneity():
     """Synthetic(0, 0) is already label-skewed (independent W_k); alpha skews each client's class
     priors further, beta moves each client's features apart and skews labels strongly."""
