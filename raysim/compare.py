@@ -77,5 +77,5 @@ def compare(run_dirs: list[str | Path], out: str | Path = "report", metrics: lis
             f"{lab} has {', '.join(metric_columns(r.rounds)) or 'none'}" for lab, r in zip(labels, results)))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written = [save_figure(overlay_figure(m, results, labels), out / f"compare_{m}.png") for m in shared]
+    written = [save_figure(overlay_figure(m, results, labels), out / f"compare_{m}.png", legend_outside=True) for m in shared]
     return written, skipped

@@ -37,9 +37,10 @@ def tidy_x(ax) -> None:
     ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
 
 
-def save_figure(fig, path: Path, dpi: int = 110) -> Path:
-    """Lay out, write and close a figure; returns its path. The saved area grows to hold a legend placed outside the axes."""
+def save_figure(fig, path: Path, dpi: int = 110, legend_outside: bool = False) -> Path:
+    """Lay out, write and close a figure; returns its path. `legend_outside`: grow the saved area to hold a legend
+    placed outside the axes (one more layout pass, so only where asked)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight" if legend_outside else None)
     plt.close(fig)
     return path

@@ -105,4 +105,4 @@ def plot_timeline(result: RunResult) -> Path | None:
     """Write client_timeline.png for a run that recorded client finish times; None for one that did not."""
     if result.clients.empty or "finish_time" not in result.clients:
         return None
-    return save_figure(timeline_figure(result), result.run_dir / "client_timeline.png")
+    return save_figure(timeline_figure(result), result.run_dir / "client_timeline.png", legend_outside=True)
