@@ -52,12 +52,26 @@ def run(
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
-    """Write plots (metrics vs round, simulated time and Γ; client timeline) next to the results."""
-    from raysim.report import report as make_report
+def report(
+    run_dirs: List[Path] = typer.Argument(..., help="one run directory, or several to compare"),
+    out: Optional[Path] = typer.Option(None, help="write the comparison here (default report/); with one run, compare it alone"),
+    metric: Optional[List[str]] = typer.Option(None, help="compare only this metric; repeatable (default: every shared one)"),
+) -> None:
+    """One run: plots (metrics vs round, simulated time and Γ; client timeline; the family's own) next to its
+    results. Several runs (or --out): one figure per metric with the runs overlaid, in --out."""
+    if len(run_dirs) == 1 and out is None and not metric:
+        from raysim.report import report as make_report
 
-    for path in make_report(run_dir):
+        for path in make_report(run_dirs[0]):
+            console.print(str(path))
+        return
+    from raysim.compare import compare
+
+    written, skipped = compare(run_dirs, out or Path("report"), metric)
+    for path in written:
         console.print(str(path))
+    for name, runs in skipped.items():
+        console.print(f"skipped {name}: only in {', '.join(runs)}")
 
 
 @app.command()

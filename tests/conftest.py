@@ -117,3 +117,39 @@ class FedAvgCounting(FedAvg):
         return {**super().evaluate(state, data), "aggregated": state.aggregated}
 
 
+
+
+def write_run(run_dir, rounds=150, name="synthetic", speed=1.0, metrics=("test_accuracy", "test_loss"), seed=0):
+    """A run directory written with raysim's results writers, without training: `rounds` rounds of 8 selected
+    clients (6 kept, one dropped at the deadline, one late with no finish time), `metrics` every 10 rounds and at
+    the last (test_accuracy and test_loss as learning curves that `speed` scales, any other name = the round)."""
+    import yaml
+
+    from raysim.results import write_parquet, write_text
+
+    rng = np.random.default_rng(seed)
+    rows, sim_time = [], 0.0
+    for r in range(1, rounds + 1):
+        finish = 1.0 + rng.exponential(size=8)
+        finish[6] = finish[:6].max() + finish[6]  # the dropped client missed the round's deadline
+        clients = [{"round": r, "client_id": int(c), "finish_time": float(f), "dropped": i == 6}
+                   for i, (c, f) in enumerate(zip(rng.choice(100, 8, replace=False), finish))]
+        clients[-1] = {**clients[-1], "finish_time": float("nan"), "dropped": True}
+        write_parquet(clients, run_dir / "clients.parquet" / f"round-{r:06d}.parquet")
+        round_time = float(finish[:6].max()) + 0.5
+        sim_time += round_time
+        row = {"round": r, "clients": 6, "selected": 8, "dropped": 2, "sim_time": sim_time, "gamma": 20.0 * r,
+               "round_sim_time": round_time}
+        if r % 10 == 0 or r == rounds:
+            curves = {"test_accuracy": 1 - 0.9 * np.exp(-speed * r / 40), "test_loss": 2 * np.exp(-speed * r / 30)}
+            row.update({m: curves.get(m, float(r)) for m in metrics})
+        rows.append(row)
+    write_parquet(rows, run_dir / "rounds.parquet")
+    write_text(yaml.safe_dump({"name": name, "algorithm": {"name": "fedavg", "rounds": rounds}}), run_dir / "config.yaml")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def synthetic_run():
+    """`write_run(run_dir, rounds=150, name=..., speed=..., metrics=(...), seed=0)`: a run's tables without training."""
+    return write_run

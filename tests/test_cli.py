@@ -36,6 +36,10 @@ def test_quickstart_reaches_target_accuracy_and_the_local_backend_gives_the_same
     assert report.returncode == 0, report.stderr
     for name in ("metrics_vs_round.png", "metrics_vs_sim_time.png", "metrics_vs_gamma.png", "client_timeline.png"):
         assert (out / name).stat().st_size > 10_000, name
+    both = cli("report", out, tmp_path / "local", "--out", tmp_path / "compare")
+    assert both.returncode == 0, both.stderr
+    for metric in ("test_accuracy", "test_loss", "train_loss"):
+        assert (tmp_path / "compare" / f"compare_{metric}.png").stat().st_size > 20_000, metric
 
 
 def test_overrides_and_config_errors_before_ray_starts(tmp_path):
