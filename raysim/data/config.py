@@ -25,11 +25,21 @@ class PartitionConfig(BaseModel):
     shards_per_client: int = Field(2, ge=1, description="label-sorted shards dealt to each client")
     quantity_sigma: float = Field(1.0, gt=0, description="lognormal sigma of the client sizes (quantity skew)")
     min_size: int = Field(1, ge=1, description="training samples every client gets at least")
+    numpy_seed: int | None = Field(None, ge=0, description="dirichlet_classes only: draw from numpy's legacy "
+                                   "np.random.seed(numpy_seed) stream, bitwise the FedFisher code's split of the same "
+                                   "labels; None: raysim's stream")
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:
         return PARTITIONERS.check(kind, NATURAL)
+
+    @model_validator(mode="after")
+    def _numpy_seed_kind(self) -> PartitionConfig:
+        if self.numpy_seed is not None and self.kind != "dirichlet_classes":
+            raise ValueError(f"data.partition.numpy_seed: only kind 'dirichlet_classes' draws from numpy's legacy "
+                             f"stream, not kind {self.kind!r}")
+        return self
 
 
 class DataConfig(BaseModel):

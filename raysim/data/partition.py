@@ -166,7 +166,10 @@ def dirichlet(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: n
 def dirichlet_classes(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
     """The FedFisher code's Dirichlet split (spec §5.1): each client draws class proportions
     q_i ~ Dir(alpha 1_C); class k goes to client i in proportion q_ik / Σ_j q_jk. Redrawn (up to
-    DIRICHLET_TRIES times) while some client has fewer than min_size samples."""
+    DIRICHLET_TRIES times) while some client has fewer than min_size samples. With `numpy_seed` the draws come
+    from np.random.RandomState(numpy_seed) in the code's order: its split under np.random.seed(numpy_seed)."""
+    if cfg.numpy_seed is not None:
+        rng = np.random.RandomState(cfg.numpy_seed)
     classes = np.unique(labels)
     ids = np.empty(len(labels), dtype=np.int64)
     for _ in range(DIRICHLET_TRIES):

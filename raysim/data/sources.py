@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
 
 from raysim.data.partition import NATURAL, apportion
 from raysim.errors import DataError
@@ -124,24 +125,40 @@ def _global_rng_restored() -> Iterator[None]:
         random.setstate(py_state)
 
 
-@register_source("mnist1d")
+class MNIST1DOptions(BaseModel):
+    """`data.options` of mnist1d: the generator's seed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int | None = Field(None, ge=0, description="make_dataset's seed (42: the package's default, its published "
+                                                      "set); None: drawn from the data seed's stream")
+
+
+MNIST1D_TRAIN_SPLIT = 0.8  # the package's default: its last 20% of samples are its test set
+
+
+@register_source("mnist1d", options=MNIST1DOptions)
 def mnist1d(cfg: DataConfig, seed: int) -> Source:
     """MNIST-1D from the package's procedural generator (never its download path): 40 features, 10 classes.
 
-    The generator reseeds and draws from numpy's global RNG; its seed comes from our stream and
-    the global state is restored afterwards.
+    The generator reseeds and draws from numpy's global RNG; its seed is `data.options.seed` or comes from
+    our stream, and the global state is restored afterwards. `test_split: source` takes the package's own
+    split (the last 20% of its shuffled samples).
     """
     from mnist1d.data import get_dataset_args, make_dataset
     from mnist1d.utils import ObjectView
 
     args = get_dataset_args(as_dict=True)
     del args["url"]  # make_dataset never downloads; without the URL nothing could
-    args.update(num_samples=cfg.mnist1d_samples, train_split=1.0,
-                seed=int(stream(seed, SETUP, SERVER, "mnist1d").integers(2**31)))
+    fixed = cfg.source_options().seed
+    args.update(num_samples=cfg.mnist1d_samples, train_split=MNIST1D_TRAIN_SPLIT,
+                seed=int(stream(seed, SETUP, SERVER, "mnist1d").integers(2**31)) if fixed is None else fixed)
     with _global_rng_restored():
         data = make_dataset(ObjectView(args))
-    x = data["x"].astype(np.float32)
-    return Source(x, data["y"].astype(np.int64), x.shape[1:], 10, image_shape=(1, *x.shape[1:]))
+    x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
+    y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+    test = np.arange(len(y)) >= len(data["y"])
+    return Source(x, y, x.shape[1:], 10, image_shape=(1, *x.shape[1:]), test_mask=test)
 
 
 @register_source("synthetic", natural=True)

@@ -130,3 +130,36 @@ def test_dirichlet_classes_orientation_and_heterogeneity():
     skew = dirichlet_classes(labels, 5, PartitionConfig(kind="dirichlet_classes", alpha=0.05), rng)
     top = [np.sort(np.bincount(labels[skew == i], minlength=10))[::-1][:2].sum() / (skew == i).sum() for i in range(5)]
     assert np.mean(top) > 0.8
+
+
+def fedfisher_code_split(y: np.ndarray, n: int, alpha: float, num_c: int) -> np.ndarray:
+    """The FedFisher code's __getDirichletData__ (spec §5.1), transcribed, on numpy's global stream."""
+    p_client = np.zeros((n, num_c))
+    for i in range(n):
+        p_client[i] = np.random.dirichlet(np.repeat(alpha, num_c))
+    idx_batch = [[] for _ in range(n)]
+    for k in range(num_c):
+        idx_k = np.where(y == k)[0]
+        np.random.shuffle(idx_k)
+        proportions = p_client[:, k] / p_client[:, k].sum()
+        proportions = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+        idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, proportions))]
+    ids = np.empty(len(y), dtype=np.int64)
+    for j in range(n):
+        ids[idx_batch[j]] = j
+    return ids
+
+
+@pytest.mark.parametrize("seed, alpha", [(3, 0.2), (0, 0.1)])
+def test_dirichlet_classes_numpy_seed_is_the_fedfisher_codes_split(labels, seed, alpha):
+    """numpy_seed s gives bitwise the code's split under np.random.seed(s), whatever raysim stream is passed."""
+    np.random.seed(seed)
+    expected = fedfisher_code_split(labels, 5, alpha, 10)
+    cfg = PartitionConfig(kind="dirichlet_classes", alpha=alpha, numpy_seed=seed)
+    assert np.array_equal(dirichlet_classes(labels, 5, cfg, rng(7)), expected)
+    assert np.array_equal(partition(labels, 5, cfg, rng(8)), expected)
+
+
+def test_numpy_seed_is_only_for_dirichlet_classes():
+    with pytest.raises(ValueError, match="numpy_seed: only kind 'dirichlet_classes'"):
+        PartitionConfig(kind="dirichlet", numpy_seed=3)

@@ -161,3 +161,26 @@ def test_registered_source_and_its_shape_checks():
         Source(np.zeros((2, 2)), np.array([0.0, np.nan]), (2,), 0)
     with pytest.raises(ValueError, match="int64 labels"):
         Source(np.zeros((2, 2)), np.array([0.5, 1.0]), (2,), 2)
+
+
+def test_mnist1d_seed_option_and_the_packages_own_test_split(no_network, tmp_path):
+    """options.seed fixes the generator (42: the package's default set) for every experiment seed;
+    test_split: source holds out the package's own test set, the last 20% of its samples."""
+    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.utils import ObjectView
+
+    from raysim.data.federated import build_federated
+
+    cfg = DataConfig(source="mnist1d", num_clients=2, mnist1d_samples=500, options={"seed": 42}, test_split="source")
+    src = load_source(cfg, seed=0)
+    args = get_dataset_args(as_dict=True)
+    del args["url"]
+    args["num_samples"] = 500
+    ref = make_dataset(ObjectView(args))
+    assert np.array_equal(src.x, np.concatenate([ref["x"], ref["x_test"]]).astype(np.float32))
+    assert np.array_equal(src.test_mask, np.arange(500) >= 400)
+    assert np.array_equal(load_source(cfg, seed=5).x, src.x)
+    fed = build_federated(cfg, 1, tmp_path)
+    assert (fed.num_train, fed.num_test) == (400, 100)
+    with pytest.raises(ValueError, match="data.options"):
+        DataConfig(source="mnist1d", num_clients=1, options={"sead": 42})
