@@ -67,7 +67,8 @@ def _mlp(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_
 def _cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
     """A small CNN: 3x3 convolutions with ReLU, global average pooling, a linear head (1-D or 2-D inputs)."""
     if image_shape is None:
-        raise ValueError("model.name: 'cnn' needs a data source with an image shape (digits, mnist1d)")
+        raise ValueError("model.name: 'cnn' needs a data source with an image shape (digits, mnist1d, an image "
+                         "or array column, or data.feature_shape)")
     conv = nn.Conv2d if len(image_shape) == 3 else nn.Conv1d
     pool = nn.AdaptiveAvgPool2d(1) if len(image_shape) == 3 else nn.AdaptiveAvgPool1d(1)
     layers: list[nn.Module] = [nn.Unflatten(1, tuple(image_shape))]

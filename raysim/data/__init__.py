@@ -7,6 +7,7 @@ from raysim.data.federated import FederatedData, build_federated, read_clients, 
 from raysim.data.partition import partition, register_partitioner
 from raysim.data.sources import Source, load_source, register_source
 from raysim.data import vision  # noqa: F401  (registers fashion_mnist, cifar10, svhn, cinic10, digits28)
+from raysim.data import huggingface_source, torchvision_source  # noqa: F401  (register huggingface, torchvision)
 
 __all__ = [
     "DataConfig",

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -13,6 +13,8 @@ from raysim.data.partition import NATURAL
 from raysim.data.sources import is_natural, natural_sources
 from raysim.field_errors import field_errors
 from raysim.plugins import PARTITIONERS, SOURCES
+
+SHAPED_SOURCES = ("parquet", "huggingface")  # the sources that read data.feature_shape
 
 
 class PartitionConfig(BaseModel):
@@ -58,7 +60,10 @@ class DataConfig(BaseModel):
     path: str | None = Field(None, description="the Parquet file (source: parquet)")
     client_column: str = "client_id"
     label_column: str = "label"
-    feature_columns: list[str] | None = Field(None, description="None: every other numeric column")
+    feature_columns: list[str] | None = Field(None, description="None: every other column of numbers, arrays or images")
+    feature_shape: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, min_length=1, description="[C, H, W] or [C, L] of one sample, for CNNs (sources parquet, huggingface); "
+        "None: the shape of a single array or image column")
     synthetic_samples: int = Field(10000, ge=1)
     synthetic_features: int = Field(60, ge=1)
     synthetic_classes: int = Field(10, ge=2)
@@ -96,6 +101,9 @@ class DataConfig(BaseModel):
                 raise ValueError(f"data.options: source {self.source!r} takes no options")
         except ValidationError as e:
             raise ValueError("; ".join(field_errors(e, "data.options"))) from None
+        if self.feature_shape is not None and self.source not in SHAPED_SOURCES:
+            raise ValueError(f"data.feature_shape applies to sources {list(SHAPED_SOURCES)}; "
+                             f"source {self.source!r} has its own shape")
         if self.source == "parquet" and self.path is None:
             raise ValueError("data.path is required when data.source is 'parquet'")
         if self.partition.kind == NATURAL and not is_natural(self.source):

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysim.data.columns import features, is_feature
 from raysim.data.partition import NATURAL, apportion
 from raysim.errors import DataError
 from raysim.plugins import SOURCES
@@ -227,29 +227,7 @@ def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, siz
     return x.astype(np.float32), np.argmax(logits + b[owner], axis=1)
 
 
-def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-
-
-def _is_feature(t: pa.DataType) -> bool:
-    """A numeric column, or a list column of numbers (flattened into several features)."""
-    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    return _is_number(t) or (is_list and _is_number(t.value_type))
-
-
-def _feature_matrix(column: pa.ChunkedArray, name: str) -> np.ndarray:
-    """One column as an (n, m) float32 matrix: m = 1 for a scalar column, the list length for a list column."""
-    arr = column.combine_chunks()
-    if _is_number(arr.type):
-        return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-    if len(lengths) and lengths.min() != lengths.max():
-        raise DataError(f"data.feature_columns: list column {name!r} has rows of different lengths")
-    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    return flat.reshape(len(arr), -1)
-
-
-def _labels(values: np.ndarray) -> tuple[np.ndarray, int]:
+def class_indices(values: np.ndarray) -> tuple[np.ndarray, int]:
     """Class indices: non-negative integer labels as they are, anything else by sorted unique value."""
     if np.issubdtype(values.dtype, np.integer) and (len(values) == 0 or values.min() >= 0):
         return values.astype(np.int64), int(values.max()) + 1 if len(values) else 0
@@ -261,8 +239,10 @@ def _labels(values: np.ndarray) -> tuple[np.ndarray, int]:
 def parquet(cfg: DataConfig, seed: int) -> Source:
     """Any Parquet file: `label_column`, the feature columns, and `client_column` for a natural partition.
 
-    Feature columns default to every numeric (or numeric-list) column other than the label and
-    client columns. Client ids are renumbered 0..K-1 in sorted order of their values.
+    Feature columns default to every column of numbers, arrays or images other than the label and
+    client columns. An array or image column keeps its shape for CNNs (`data.feature_shape` sets
+    or overrides it; see `raysim.data.columns.features`). Client ids are renumbered 0..K-1 in
+    sorted order of their values.
     """
     if not Path(cfg.path).is_file():
         raise DataError(f"data.path: {cfg.path!r} is not a file (source 'parquet' reads one Parquet file)")
@@ -274,26 +254,26 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
     if cfg.label_column not in names:
         raise DataError(f"data.label_column: no column {cfg.label_column!r} in {cfg.path} (columns: {names})")
     if cfg.feature_columns is None:
-        features = [n for n in names
-                    if n not in (cfg.label_column, cfg.client_column) and _is_feature(table.schema.field(n).type)]
+        columns = [n for n in names
+                   if n not in (cfg.label_column, cfg.client_column) and is_feature(table.schema.field(n).type)]
     else:
-        features = cfg.feature_columns
-        missing = [n for n in features if n not in names]
+        columns = cfg.feature_columns
+        missing = [n for n in columns if n not in names]
         if missing:
             raise DataError(f"data.feature_columns: no columns {missing} in {cfg.path} (columns: {names})")
-    if not features:
-        raise DataError(f"data.feature_columns: {cfg.path} has no numeric feature columns")
+    if not columns:
+        raise DataError(f"data.feature_columns: {cfg.path} has no columns of numbers, arrays or images")
     has_clients = cfg.client_column in names
     if not has_clients and cfg.partition.kind == NATURAL:
         raise DataError(f"data.client_column: no column {cfg.client_column!r} in {cfg.path} "
                          f"for the natural partition (columns: {names})")
-    used = [cfg.label_column, *features, *([cfg.client_column] if has_clients else [])]
+    used = [cfg.label_column, *columns, *([cfg.client_column] if has_clients else [])]
     nulls = [n for n in used if table.column(n).null_count]
     if nulls:
         raise DataError(f"data.path: columns {nulls} of {cfg.path} contain nulls")
-    x = np.concatenate([_feature_matrix(table.column(n), n) for n in features], axis=1)
-    y, num_classes = _labels(table.column(cfg.label_column).to_numpy())
+    x, image_shape = features(table, columns, cfg.feature_shape, cfg.path)
+    y, num_classes = class_indices(table.column(cfg.label_column).to_numpy())
     natural = None
     if has_clients:
         natural = np.unique(table.column(cfg.client_column).to_numpy(), return_inverse=True)[1].astype(np.int64)
-    return Source(np.ascontiguousarray(x), y, (x.shape[1],), num_classes, natural_clients=natural)
+    return Source(x, y, (x.shape[1],), num_classes, natural_clients=natural, image_shape=image_shape)

@@ -1,14 +1,19 @@
-"""Sources: shapes, ranges, determinism, offline generation, Synthetic(alpha, beta) heterogeneity, parquet."""
+"""Sources: shapes, ranges, determinism, offline generation, Synthetic(alpha, beta) heterogeneity, parquet
+(flat, array and image columns; a CNN trained on Parquet images)."""
 from __future__ import annotations
 
+import io
 import random
 import socket
 
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
+import raysim
 from raysim.data import DataConfig, Source, load_source, register_source
+from raysim.errors import DataError
 from raysim.plugins import SOURCES
 
 
@@ -184,3 +189,53 @@ def test_mnist1d_seed_option_and_the_packages_own_test_split(no_network, tmp_pat
     assert (fed.num_train, fed.num_test) == (400, 100)
     with pytest.raises(ValueError, match="data.options"):
         DataConfig(source="mnist1d", num_clients=1, options={"sead": 42})
+
+
+def bar_images(n: int, scramble: bool, size: int = 10, seed: int = 0) -> pd.DataFrame:
+    """PNG images of one bar, vertical (label 0) or horizontal (label 1), at a random place in a random
+    colour, so only the layout of the pixels tells the classes apart; `scramble` shuffles each image's pixels."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, n)
+    blobs = []
+    for label in labels:
+        pixels = np.zeros((size, size, 3), np.uint8)
+        at, start = rng.integers(0, size), rng.integers(0, size - 5)
+        bar = (slice(start, start + 5), at) if label == 0 else (at, slice(start, start + 5))
+        pixels[bar] = rng.integers(100, 256, 3)
+        if scramble:
+            pixels = pixels.reshape(-1, 3)[rng.permutation(size * size)].reshape(size, size, 3)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")
+        blobs.append(buf.getvalue())
+    return pd.DataFrame({"id": np.arange(n), "image": blobs, "label": labels})
+
+
+def test_parquet_images_train_a_cnn(tmp_path):
+    """A CNN learns bar orientation from a Parquet image column; with each image's pixels shuffled it cannot."""
+    accuracy = {}
+    for scramble in (False, True):
+        path = tmp_path / f"bars{scramble}.parquet"
+        bar_images(400, scramble).to_parquet(path)
+        cfg = {"name": "bars", "seed": 0,
+               "data": {"source": "parquet", "path": str(path), "num_clients": 4, "feature_columns": ["image"]},
+               "model": {"name": "cnn", "channels": [8, 8]},
+               "algorithm": {"name": "fedavg", "rounds": 12, "clients_per_round": 4, "lr": 1.0, "local_steps": 10,
+                             "batch_size": 16}}
+        result = raysim.run(cfg, out=tmp_path / f"run{scramble}", backend="local")
+        accuracy[scramble] = result.rounds["test_accuracy"].iloc[-1]
+    assert accuracy[False] > 0.85 and accuracy[True] < 0.7
+
+
+def test_parquet_feature_shape_reshapes_a_flat_column(tmp_path):
+    x = np.random.default_rng(0).normal(size=(6, 12)).astype(np.float32)
+    path = tmp_path / "flat.parquet"
+    pd.DataFrame({"pixels": list(x), "label": [0, 1] * 3}).to_parquet(path)
+    src = load_source(DataConfig(source="parquet", path=str(path), num_clients=2, feature_shape=[3, 2, 2]), 0)
+    assert src.image_shape == (3, 2, 2) and src.feature_shape == (12,) and np.array_equal(src.x, x)
+    with pytest.raises(DataError, match=rf"data.feature_shape: \[1, 3, 3\] needs 9 values per sample, but the "
+                                        rf"columns of {path} give 12 \(shape per sample: 'pixels' \(12,\)\)"):
+        load_source(DataConfig(source="parquet", path=str(path), num_clients=2, feature_shape=[1, 3, 3]), 0)
+    with pytest.raises(ValidationError, match="data.feature_shape applies to sources"):
+        DataConfig(source="digits", num_clients=2, feature_shape=[1, 8, 8])

@@ -21,15 +21,25 @@ def idx_bytes(arr):
     return header + arr.astype(np.uint8).tobytes()
 
 
-def test_fashion_mnist_idx_files(tmp_path):
+def fashion_mnist_files(root, gzip_images):
+    """Six train and four t10k images with labels as IDX files under root/FashionMNIST/raw."""
     rng = np.random.default_rng(0)
-    raw = tmp_path / "FashionMNIST" / "raw"
+    raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     images = {"train": rng.integers(0, 256, (6, 28, 28)), "t10k": rng.integers(0, 256, (4, 28, 28))}
     labels = {"train": np.array([0, 1, 2, 3, 4, 9]), "t10k": np.array([5, 6, 7, 8])}
     for split in ("train", "t10k"):
-        (raw / f"{split}-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(images[split])))
+        name = f"{split}-images-idx3-ubyte"
+        if gzip_images:
+            (raw / f"{name}.gz").write_bytes(gzip.compress(idx_bytes(images[split])))
+        else:
+            (raw / name).write_bytes(idx_bytes(images[split]))
         (raw / f"{split}-labels-idx1-ubyte").write_bytes(idx_bytes(labels[split]))
+    return images, labels
+
+
+def test_fashion_mnist_idx_files(tmp_path):
+    images, labels = fashion_mnist_files(tmp_path, gzip_images=True)
     src = load_source(cfg("fashion_mnist", tmp_path), 0)
     assert src.x.shape == (10, 784) and src.image_shape == (1, 28, 28)
     np.testing.assert_array_equal(src.y, np.concatenate([labels["train"], labels["t10k"]]))

@@ -1,0 +1,117 @@
+"""`source: huggingface`: a Hugging Face dataset saved with `save_to_disk`, read with `datasets.load_from_disk`.
+
+`data.options: {path: DIR, label: label, features: [image]}`. A DatasetDict gives its `split`
+(default train) pooled with its `test_split` (default test, when present), which is marked as the
+source's own test set (`data.test_split: source`). Feature columns are read like Parquet ones
+(`raysim.data.columns`): numbers, sequences and arrays keep their shape, Image features decode to
+channel-first arrays in [0, 1]; `data.feature_shape` sets the shape. Nothing is downloaded. Needs
+the optional extra `huggingface`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from raysim.data.columns import features, is_feature
+from raysim.data.sources import Source, class_indices, register_source
+from raysim.errors import DataError
+
+if TYPE_CHECKING:
+    from raysim.data.config import DataConfig
+
+
+class HuggingfaceOptions(BaseModel):
+    """`data.options:` of `source: huggingface`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="the directory written by Dataset.save_to_disk or DatasetDict.save_to_disk")
+    split: str | None = Field(None, description="the training split of a DatasetDict (None: train)")
+    test_split: str | None = Field(None, description="the split that is the source's own test set (None: test, if any)")
+    label: str = Field("label", description="the column of class labels")
+    features: list[str] | None = Field(None, description="the feature columns (None: every other column of numbers, "
+                                       "arrays or images)")
+
+
+def _load(options: HuggingfaceOptions):
+    """The saved Dataset, or DatasetDict, at options.path."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise DataError(f"data.source: 'huggingface' needs the optional extra: pip install 'raysim[huggingface]' "
+                        f"({e})") from e
+    path = Path(options.path).expanduser()
+    if not path.is_dir():
+        raise DataError(f"data.options.path: {options.path!r} is not a directory (source 'huggingface' reads "
+                        f"a dataset saved with save_to_disk)")
+    try:
+        return datasets.load_from_disk(str(path))
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise DataError(f"data.options.path: {options.path} is not a dataset saved with save_to_disk "
+                        f"({str(e).splitlines()[0]})") from e
+
+
+def _splits(loaded, options: HuggingfaceOptions) -> list:
+    """[train] or [train, test] Datasets from what load_from_disk returned."""
+    import datasets
+
+    if isinstance(loaded, datasets.Dataset):
+        given = [f"{k}: {v!r}" for k, v in (("split", options.split), ("test_split", options.test_split)) if v]
+        if given:
+            raise DataError(f"data.options: {options.path} holds one Dataset without splits, so {', '.join(given)} "
+                            f"does not apply")
+        return [loaded]
+    names = list(loaded)
+    train = options.split or "train"
+    if train not in loaded:
+        raise DataError(f"data.options.split: {options.path} has no split {train!r} (splits: {names})")
+    if options.test_split is not None and options.test_split not in loaded:
+        raise DataError(f"data.options.test_split: {options.path} has no split {options.test_split!r} (splits: {names})")
+    test = options.test_split or ("test" if "test" in loaded and train != "test" else None)
+    return [loaded[train]] + ([loaded[test]] if test else [])
+
+
+def _columns(dataset, options: HuggingfaceOptions) -> list[str]:
+    """The feature columns: the given ones (checked), or every feature-like column but the label."""
+    names = dataset.column_names
+    if options.label not in names:
+        raise DataError(f"data.options.label: no column {options.label!r} in {options.path} (columns: {names})")
+    if options.features is None:
+        schema = dataset.data.schema
+        columns = [n for n in names if n != options.label and is_feature(schema.field(n).type)]
+    else:
+        columns = options.features
+        wrong = [n for n in columns if n not in names or n == options.label]
+        if wrong:
+            raise DataError(f"data.options.features: {wrong} are not feature columns of {options.path} "
+                            f"(columns: {names}, label: {options.label!r})")
+    if not columns:
+        raise DataError(f"data.options.features: {options.path} has no columns of numbers, arrays or images")
+    return columns
+
+
+@register_source("huggingface", options=HuggingfaceOptions)
+def huggingface(cfg: DataConfig, seed: int) -> Source:
+    """The saved dataset's feature columns and class labels, its test split (if any) marked."""
+    options: HuggingfaceOptions = cfg.source_options()
+    parts = _splits(_load(options), options)
+    columns = _columns(parts[0], options)
+    xs, ys, shapes = [], [], set()
+    for i, part in enumerate(parts):
+        table = part.select_columns([*columns, options.label]).with_format("arrow")[:]
+        x, image_shape = features(table, columns, cfg.feature_shape, f"{options.path} ({part.split or f'part {i}'})")
+        xs.append(x)
+        ys.append(table.column(options.label).to_numpy())
+        shapes.add((x.shape[1], image_shape))
+    if len(shapes) > 1:
+        raise DataError(f"data.options: the splits of {options.path} have samples of different shapes {list(shapes)}")
+    y, found = class_indices(np.concatenate(ys))
+    label_feature = parts[0].features[options.label]
+    num_classes = max(found, getattr(label_feature, "num_classes", 0) or 0)
+    x = np.concatenate(xs)
+    test = np.concatenate([np.full(len(p), i == 1) for i, p in enumerate(xs)])
+    return Source(x, y, (x.shape[1],), num_classes, image_shape=shapes.pop()[1],
+                  test_mask=test if len(parts) == 2 else None)
