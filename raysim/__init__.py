@@ -2,11 +2,14 @@
 from raysim.callbacks import Callback, RunContext, ServerView
 from raysim.config import ConfigError, ExperimentConfig, load_config
 from raysim.contract import Algorithm, ClientData, Context, Cost, EvalData, Plan
+from raysim.distribution import installed_version
 from raysim.plugins import register_algorithm
 from raysim.results import RunResult
 
 __all__ = ["Algorithm", "Callback", "ClientData", "ConfigError", "Context", "Cost", "EvalData", "ExperimentConfig", "Plan",
-           "RunContext", "RunResult", "ServerView", "load_config", "register_algorithm", "run", "trained_model"]
+           "RunContext", "RunResult", "ServerView", "__version__", "load_config", "register_algorithm", "run", "trained_model"]
+
+__version__ = installed_version()
 
 
 def run(config, overrides=None, **kwargs) -> RunResult:

@@ -98,7 +98,7 @@ class ExperimentConfig(BaseModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
-    callbacks: list[CallbackConfig] = Field(default_factory=list, description="tensorboard, csv, early_stopping, best_model")
+    callbacks: list[CallbackConfig] = Field(default_factory=list, description="tensorboard, csv, wandb, mlflow, early_stopping, best_model")
     sweep: SweepConfig | None = Field(None, description="read by `raysim sweep` only")
     plugins: list[str] = Field(default_factory=list, description="modules or .py files to import first (your own algorithms, data, models)")
     command: str = Field("run", description="the raysim command this file is for (run, sweep, or a family's command)")

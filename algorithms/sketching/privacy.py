@@ -67,8 +67,9 @@ def rdp_epsilon(noise_multiplier: float, steps: int, delta: float, orders: np.nd
 
 
 def gaussian_delta(mu: float, epsilon: float) -> float:
-    """δ(ε) of a Gaussian mechanism with sensitivity/σ = μ (Balle & Wang 2018, Thm 8): exact, tight."""
-    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+    """δ(ε) of a Gaussian mechanism with sensitivity/σ = μ (Balle & Wang 2018, Thm 8): exact, tight; e^ε Φ(·)
+    is taken in log space, so a large ε (a large μ) does not overflow."""
+    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
 
 def gaussian_epsilon(noise_multiplier: float, steps: int, delta: float) -> float:

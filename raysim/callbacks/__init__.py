@@ -3,7 +3,8 @@
 from raysim.callbacks.base import Callback, RoundCallback, RunContext, ServerView
 from raysim.callbacks.config import CallbackConfig, build_callbacks
 from raysim.callbacks.metric import BestModel, EarlyStopping
+from raysim.callbacks.trackers import Mlflow, Wandb
 from raysim.callbacks.writers import CsvLogger, TensorBoard
 
-__all__ = ["BestModel", "Callback", "CallbackConfig", "CsvLogger", "EarlyStopping", "RoundCallback", "RunContext",
-           "ServerView", "TensorBoard", "build_callbacks"]
+__all__ = ["BestModel", "Callback", "CallbackConfig", "CsvLogger", "EarlyStopping", "Mlflow", "RoundCallback", "RunContext",
+           "ServerView", "TensorBoard", "Wandb", "build_callbacks"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from raysim.callbacks.trackers import missing_extra
 
 if TYPE_CHECKING:
     from raysim.callbacks.base import Callback
@@ -24,6 +26,30 @@ class CsvEntry(_Entry):
     path: str | None = Field(None, description="default: RUN/rounds.csv")
 
 
+class _TrackerEntry(_Entry):
+    """A tracker's entry: refused at validation, in one line naming the extra, when its library is missing."""
+
+    @model_validator(mode="after")
+    def _library_installed(self):
+        problem = missing_extra(self.kind, self.kind)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+class WandbEntry(_TrackerEntry):
+    kind: Literal["wandb"]
+    project: str = Field("raysim", min_length=1, description="the W&B project")
+    name: str | None = Field(None, description="the W&B run name; default: the run directory's name")
+
+
+class MlflowEntry(_TrackerEntry):
+    kind: Literal["mlflow"]
+    tracking_uri: str | None = Field(None, description="default: the file store RUN/mlruns")
+    experiment: str | None = Field(None, description="default: the config's name")
+    run_name: str | None = Field(None, description="default: the run directory's name")
+
+
 class _MetricEntry(_Entry):
     metric: str = Field(description="a column of rounds.parquet, e.g. test_accuracy")
     mode: Literal["max", "min"] | None = Field(None, description="default: max for accuracies, min otherwise")
@@ -39,13 +65,14 @@ class BestModelEntry(_MetricEntry):
     kind: Literal["best_model"]
 
 
-CallbackConfig = Annotated[Union[TensorBoardEntry, CsvEntry, EarlyStoppingEntry, BestModelEntry],
+CallbackConfig = Annotated[Union[TensorBoardEntry, CsvEntry, WandbEntry, MlflowEntry, EarlyStoppingEntry, BestModelEntry],
                            Field(discriminator="kind")]
 
 
 def build_callbacks(entries: list) -> list[Callback]:
     """The callback objects of a config's `callbacks:` list, in order."""
     from raysim.callbacks.metric import BestModel, EarlyStopping
+    from raysim.callbacks.trackers import Mlflow, Wandb
     from raysim.callbacks.writers import CsvLogger, TensorBoard
 
     out: list[Callback] = []
@@ -55,6 +82,10 @@ def build_callbacks(entries: list) -> list[Callback]:
             out.append(TensorBoard(e.log_dir))
         elif isinstance(e, CsvEntry):
             out.append(CsvLogger(e.path))
+        elif isinstance(e, WandbEntry):
+            out.append(Wandb(e.project, e.name))
+        elif isinstance(e, MlflowEntry):
+            out.append(Mlflow(e.tracking_uri, e.experiment, e.run_name))
         elif isinstance(e, EarlyStoppingEntry):
             out.append(EarlyStopping(e.metric, e.patience, e.mode, e.min_delta, field))
         else:

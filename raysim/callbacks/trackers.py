@@ -1,0 +1,115 @@
+"""Callbacks that log a run to an experiment tracker: Weights & Biases (offline files) and MLflow (a local
+store by default). Each logs the run's config once and every numeric round column with step = round."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from raysim.callbacks.base import Callback, RunContext, ServerView
+from raysim.callbacks.writers import scalars
+from raysim.distribution import DISTRIBUTION
+from raysim.errors import ConfigError
+
+
+def missing_extra(module: str, extra: str) -> str | None:
+    """Why `module` cannot be used (the extra to install, in one line), or None when it imports."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
+        found = False
+    return None if found else f"kind {extra} needs the optional extra: pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def require_extra(module: str, extra: str) -> None:
+    """A one-line ConfigError naming the extra to install when `module` is missing."""
+    problem = missing_extra(module, extra)
+    if problem is not None:
+        raise ConfigError(f"callbacks: {problem}")
+
+
+def config_tree(run: RunContext) -> dict[str, Any]:
+    """The run's resolved config as saved in RUN/config.yaml (defaults filled in)."""
+    return yaml.safe_load((run.run_dir / "config.yaml").read_text())
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as {dotted.key: value as text}, the form of MLflow's params."""
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat(value, name + "."))
+        else:
+            out[name] = str(value)
+    return out
+
+
+class Wandb(Callback):
+    """Logs to Weights & Biases in offline mode: files under `RUN/wandb/` (upload later with `wandb sync
+    RUN/wandb/offline-run-*`); the config as the run's config, each round's numbers at step = round."""
+
+    def __init__(self, project: str = "raysim", name: str | None = None):
+        self.project, self.name = project, name
+        self.run = None
+
+    def on_run_start(self, run: RunContext) -> None:
+        require_extra("wandb", "wandb")
+        import wandb
+
+        self.run = wandb.init(mode="offline", dir=str(run.run_dir), project=self.project,
+                              name=self.name or run.run_dir.name, config=config_tree(run),
+                              settings=wandb.Settings(console="off"))  # leave stdout/stderr (the progress) unwrapped
+
+    def on_round_end(self, row: dict, server: ServerView) -> bool | None:
+        self.run.log(scalars(row), step=row["round"])
+        return None
+
+    def on_run_end(self, run: RunContext, status: str) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=1 if status == "failed" else 0)
+
+
+class Mlflow(Callback):
+    """Logs to MLflow: the config as params (dotted keys), each round's numbers as metrics at step = round,
+    and the run's end as status FINISHED (also when a callback stopped it) or FAILED. The default store is
+    the file store `RUN/mlruns` (`mlflow ui --backend-store-uri RUN/mlruns`); `tracking_uri` takes any other."""
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_name: str | None = None):
+        self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
+        self.client = None
+        self.run_id: str | None = None
+
+    def on_run_start(self, run: RunContext) -> None:
+        require_extra("mlflow", "mlflow")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri = self.tracking_uri or (run.run_dir / "mlruns").resolve().as_uri()
+        if urlparse(uri).scheme in ("", "file"):  # MLflow 3 keeps the file store only behind this opt-in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(uri)
+        name = self.experiment or run.cfg.name
+        found = self.client.get_experiment_by_name(name)
+        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(name)
+        self.run_id = self.client.create_run(experiment_id, run_name=self.run_name or run.run_dir.name,
+                                             tags={"raysim.run_dir": str(run.run_dir.resolve())}).info.run_id
+        params = [Param(k, v) for k, v in flat(config_tree(run)).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def on_round_end(self, row: dict, server: ServerView) -> bool | None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, row["round"]) for k, v in scalars(row).items()])
+        return None
+
+    def on_run_end(self, run: RunContext, status: str) -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, "FAILED" if status == "failed" else "FINISHED")
+
