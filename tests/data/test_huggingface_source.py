@@ -71,5 +71,5 @@ def test_one_saved_dataset_and_the_errors(saved, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"data.feature_shape: \[4\] needs 4 values per sample"):
         load_source(hf(path, features=["grid"]).model_copy(update={"feature_shape": [4]}), 0)
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if the extra were not installed
-    with pytest.raises(DataError, match=r"pip install 'raysim\[huggingface\]'"):
+    with pytest.raises(DataError, match=r"pip install 'raysim-fl\[huggingface\]'"):
         load_source(hf(path), 0)

@@ -56,5 +56,5 @@ def test_errors_name_the_option_and_what_is_allowed(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="data.options.roots"):
         tv(tmp_path, roots="x")
     monkeypatch.setitem(sys.modules, "torchvision", None)  # as if the extra were not installed
-    with pytest.raises(DataError, match=r"pip install 'raysim\[torchvision\]'"):
+    with pytest.raises(DataError, match=r"pip install 'raysim-fl\[torchvision\]'"):
         load_source(tv(tmp_path), 0)
