@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow lock report clean
+.PHONY: setup demo test test-slow typecheck lock report clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -m slow
+
+# mypy on the package as installed (also part of `make test`)
+typecheck: setup
+	$(PY) -m pytest tests/test_typing.py -q
 
 clean:
 	rm -rf runs .pytest_cache

@@ -3,6 +3,7 @@ share or a fractional GPU (actors/placement.py); under `clock: real` a reply lea
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -20,7 +21,7 @@ class ClientActor(ClientShard):
             self.warm_up()
         return {"clients": len(self.data), "node": ray.get_runtime_context().get_node_id()}
 
-    def restore(self, ckpt: str | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
+    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
         """ClientShard.restore with the replayed broadcasts fetched from the object store."""
         super().restore(ckpt, [(t, cs, ray.get(b) if isinstance(b, ray.ObjectRef) else b) for t, cs, b in replay])
 

@@ -67,7 +67,8 @@ class RoundServer:
             # a range, not a list: 500k ids would make a constructor argument that Ray keeps in the object
             # store, and flags for an actor that may restart
             clients = range(i * self.per_actor, min(n, (i + 1) * self.per_actor))
-            actor = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,
+            # mypy ignores class decorators: it does not see that @ray.remote made ClientActor an ActorClass
+            actor = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,  # type: ignore[attr-defined]
                                         scheduling_strategy=client_scheduling()).remote(
                 self.experiment, self.data, clients, r.torch_threads, r.cuda_memory_fraction, i)
             self.actors.append(actor)
@@ -79,6 +80,7 @@ class RoundServer:
 
     def resume(self) -> None:
         """Load the run's newest checkpoint (if any) into the server and every shard."""
+        assert self.run_dir is not None, "resume needs a run directory"
         found = checkpoint.latest(self.run_dir)
         if found is not None:
             self.engine.load(found[1])
@@ -99,6 +101,7 @@ class RoundServer:
     def _checkpoint(self, round: int) -> None:
         """Save server and client state after `round` and forget the replay log; the driver commits
         the checkpoint once the round's results are on disk, so a resume never skips a round's row."""
+        assert self.run_dir is not None, "checkpoints need a run directory"
         folder = checkpoint.checkpoint_dir(self.run_dir, round)
         self.engine.save(folder)
         ray.get([a.save.remote(str(folder)) for a in self.actors])

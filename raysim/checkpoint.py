@@ -48,7 +48,7 @@ def shard_path(ckpt: Path, shard: int) -> Path:
 def client_states(ckpt: Path, clients: list[int]) -> dict[int, Any]:
     """The saved states of `clients`, whichever shards saved them: a run resumes with another
     packing of clients into actors, or on the other backend."""
-    wanted, states = set(clients), {}
+    wanted, states = set(clients), dict[int, Any]()
     for path in sorted(Path(ckpt).glob("shard-*.pkl")):
         states.update((c, s) for c, s in load(path).items() if c in wanted)
     missing = wanted - states.keys()

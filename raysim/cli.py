@@ -140,7 +140,9 @@ def list_(plugin: Optional[List[str]] = typer.Option(None, help="also load this 
     table.add_row("models", ", ".join(plugins.MODELS.names()))
     table.add_row("data sources", ", ".join(plugins.SOURCES.names()))
     table.add_row("partitioners", ", ".join(plugins.PARTITIONERS.names(NATURAL)))
-    table.add_row("commands", ", ".join(sorted(c.name for c in typer.main.get_command(app).commands.values())))
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)  # an app of several commands
+    table.add_row("commands", ", ".join(sorted(c.name or "" for c in group.commands.values())))
     console.print(table)
 
 
@@ -180,7 +182,7 @@ def add_plugin_commands(argv: list[str] | None = None) -> typer.Typer:
     _load(_argv_plugins(argv or []))
     for module in list(plugins.COMMAND_MODULES):
         importlib.import_module(module)
-    known = {c.name or c.callback.__name__ for c in app.registered_commands}
+    known = {c.name or getattr(c.callback, "__name__", "") for c in app.registered_commands}
     for name, fn in plugins.COMMANDS.items():
         if name not in known:
             app.command(name)(fn)

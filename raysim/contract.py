@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from raysim.config import ExperimentConfig
 
 
@@ -61,14 +64,14 @@ class Context:
     clients_per_round: int
     num_clients: int
     client_sizes: np.ndarray
-    feature_shape: tuple
-    image_shape: tuple | None
+    feature_shape: tuple[int, ...]
+    image_shape: tuple[int, ...] | None
     num_classes: int
     model: Any
     params: Any
     device: str = "cpu"
-    train_path: str | None = None  # the pooled training Parquet, for server-side data (e.g. FedLRGD's r samples)
-    target_shape: tuple = ()  # per-sample target shape of a regression source (num_classes 0)
+    train_path: str | Path | None = None  # the pooled training Parquet, for server-side data (e.g. FedLRGD's r samples)
+    target_shape: tuple[int, ...] = ()  # per-sample target shape of a regression source (num_classes 0)
     partition_seed: int | None = None  # data.partition_seed: fixes the data across experiment seeds
 
     @property
@@ -107,10 +110,11 @@ class Algorithm:
     restart and resume them.
     """
 
-    Params: type = None  # pydantic model of the hyperparameters, set by each family
+    Params: ClassVar[type[BaseModel] | None] = None  # pydantic model of the hyperparameters, set by each family
+    name: ClassVar[str]  # the name it is registered under (`register_algorithm`)
     reducible: bool = False  # True when `reduce` pre-sums replies inside a shard
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.params = ctx.params
 
@@ -136,15 +140,16 @@ class Algorithm:
         """One client's work in a round: (Reply, new ClientState, Cost)."""
         raise NotImplementedError
 
-    def step_many(self, cstates: list, datas: list[ClientData], broadcast: Any, rngs: list) -> list[tuple[Any, Any, Cost]]:
+    def step_many(self, cstates: list[Any], datas: list[ClientData], broadcast: Any,
+                  rngs: list[np.random.Generator]) -> list[tuple[Any, Any, Cost]]:
         """The step of several clients at once; families that vectorize override this."""
         return [self.step(c, d, broadcast, r) for c, d, r in zip(cstates, datas, rngs)]
 
-    def reduce(self, replies: list) -> Any:
+    def reduce(self, replies: list[Any]) -> Any:
         """Pre-reduce replies inside a shard (only called when `reducible`); must be associative."""
         raise NotImplementedError
 
-    def aggregate(self, state: Any, replies: list, rng: np.random.Generator) -> tuple[Any, Cost]:
+    def aggregate(self, state: Any, replies: list[Any], rng: np.random.Generator) -> tuple[Any, Cost]:
         """The new ServerState from the round's (possibly pre-reduced) replies, and the server's Cost."""
         raise NotImplementedError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +84,7 @@ class RoundEngine:
         clients = np.asarray(plan.clients, dtype=np.int64)
         return RoundPlan(round, plan, clients, keep, reduce, t0, payload_bytes(plan.broadcast) if clients.size else 0)
 
-    def aggregate(self, rp: RoundPlan, results: list[ShardResult], late: set[int] = frozenset()) -> RoundOutcome:
+    def aggregate(self, rp: RoundPlan, results: list[ShardResult], late: Set[int] = frozenset()) -> RoundOutcome:
         """Drop stragglers (unless the real clock already did), aggregate the kept replies in client
         order (or the completed reduction tree), then sample the round's timing and book it."""
         by_client = {c: (r, i) for r in results for i, c in enumerate(r.clients)}

@@ -36,6 +36,7 @@ class LocalServer:
 
     def resume(self) -> None:
         """Continue from the run's newest checkpoint, if any."""
+        assert self.run_dir is not None and self.shard is not None, "resume needs a run directory and start()"
         found = checkpoint.latest(self.run_dir)
         if found is not None:
             self.engine.load(found[1])
@@ -43,11 +44,13 @@ class LocalServer:
 
     def run_round(self, round: int) -> tuple[dict, list[dict]]:
         """One round: the engine's plan, the shard's steps, the engine's aggregation and rows."""
+        assert self.shard is not None, "start() first"
         rp = self.engine.plan(round)
         results = [self.shard.train(round, rp.client_list, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
         out = self.engine.aggregate(rp, results)
-        saved = self.run_dir is not None and self.engine.checkpoint_due(round)
-        if saved:
+        saved = False
+        if self.run_dir is not None and self.engine.checkpoint_due(round):
+            saved = True
             folder = checkpoint.checkpoint_dir(self.run_dir, round)
             self.engine.save(folder)
             self.shard.save(folder)

@@ -63,6 +63,7 @@ class LocalOptState:
             theta.addcmul_(active, g, value=-lr)
             return
         b1, b2 = o.betas
+        assert self.m is not None and self.v is not None  # start() makes both moments for adam
         self.t = self.t + active
         self.m = torch.where(on, b1 * self.m + (1 - b1) * g, self.m)
         self.v = torch.where(on, b2 * self.v + (1 - b2) * g * g, self.v)

@@ -16,18 +16,22 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysim.errors import PluginError
 
+if TYPE_CHECKING:
+    from raysim.contract import Algorithm
+
 ENTRY_POINTS = "raysim.plugins"
 T = TypeVar("T")
+A = TypeVar("A", bound="type[Algorithm]")
 
 
-class Registry(dict):
+class Registry(dict[str, Any]):
     """Names -> objects of one kind; a lookup of a missing name first loads the built-in plugins."""
 
     def __init__(self, kind: str) -> None:
@@ -62,16 +66,16 @@ MODELS = Registry("model")
 KINDS: dict[str, Registry] = {"algorithms": ALGORITHMS, "sources": SOURCES, "partitioners": PARTITIONERS, "models": MODELS}
 COMMAND_MODULES: list[str] = []  # modules whose import registers `raysim` subcommands (imported by the CLI only)
 REPORT_MODULES: list[str] = []  # modules whose import registers reporters (imported by `raysim report` only)
-_pending: list | None = None  # entry points not imported yet (None: not listed yet)
+_pending: list[EntryPoint] | None = None  # entry points not imported yet (None: not listed yet)
 
 
-def register_algorithm(name: str) -> Callable[[type], type]:
+def register_algorithm(name: str) -> Callable[[A], A]:
     """Class decorator: make an `Algorithm` subclass available as `algorithm.name: <name>`."""
 
-    def wrap(cls: type) -> type:
+    def wrap(cls: A) -> A:
         if getattr(cls, "Params", None) is None:
             raise TypeError(f"algorithm {name!r} must define a pydantic `Params` class")
-        cls.name = name  # type: ignore[attr-defined]
+        cls.name = name
         ALGORITHMS[name] = cls
         return cls
 

@@ -20,7 +20,7 @@ def start_local(num_cpus: int | None = None) -> None:
     level = notice.level
     notice.setLevel(logging.ERROR)
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
                  _system_config={"worker_niceness": 0})
     finally:
         notice.setLevel(level)
@@ -32,7 +32,7 @@ def ensure(address: str | None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level=logging.WARNING)
     else:
         start_local(num_cpus)
     return True

@@ -7,6 +7,7 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -26,7 +27,7 @@ def reproducible(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns])
 
 
-def atomic_write_bytes(path: Path, write) -> None:
+def atomic_write_bytes(path: Path, write: Callable[[str], object]) -> None:
     """Write through `write(tmp_path)` to a temporary file beside `path`, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -39,7 +40,7 @@ def atomic_write_bytes(path: Path, write) -> None:
         raise
 
 
-def write_parquet(rows: list[dict], path: Path) -> None:
+def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     """Rows as a Parquet table, atomically: a crash never leaves a half-written file. The columns are
     every key of any row (null where a row lacks it, e.g. metrics of rounds between evaluations)."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -78,10 +79,10 @@ class RunResult:
     run_dir: Path
     rounds: pd.DataFrame
     clients: pd.DataFrame
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return yaml.safe_load((self.run_dir / "config.yaml").read_text())
 
     @classmethod
@@ -106,11 +107,11 @@ class RunWriter:
     round costs the same whatever the run's length. `resume_round` keeps what an interrupted run
     saved up to that round and drops the rest."""
 
-    def __init__(self, run_dir: Path, resume_round: int | None = None):
+    def __init__(self, run_dir: Path, resume_round: int | None = None) -> None:
         self.run_dir = run_dir
         self.clients_dir = run_dir / "clients.parquet"
         self.clients_dir.mkdir(parents=True, exist_ok=True)
-        self.rounds: list[dict] = []
+        self.rounds: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {"status": "running"}
         if resume_round is not None:
             rounds = run_dir / "rounds.parquet"
@@ -122,7 +123,7 @@ class RunWriter:
             info = run_dir / "run.json"
             self.info = {**(json.loads(info.read_text()) if info.exists() else {}), "status": "running"}
 
-    def add(self, row: dict, client_rows: list[dict]) -> None:
+    def add(self, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         self.rounds.append(row)
         write_parquet(self.rounds, self.run_dir / "rounds.parquet")
         if client_rows:

@@ -16,7 +16,7 @@ from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, bu
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated
 from raysim.export import save_federated
-from raysim.errors import DivergenceError, RunDirError, UserError
+from raysim.errors import ConfigError, DivergenceError, RunDirError, UserError
 from raysim.experiment import Experiment
 from raysim.local import LocalServer
 from raysim.progress import LOGGER, RunProgress
@@ -45,7 +45,8 @@ class RemoteServer:
     def __init__(self, experiment: Experiment, data: dict, run_dir: Path):
         from raysim.actors.server import ServerActor
 
-        self.actor = ServerActor.remote(experiment, data, str(run_dir))
+        # Any: Ray types an actor handle's methods only when they are declared with @ray.method
+        self.actor: Any = ServerActor.remote(experiment, data, str(run_dir))
 
     def start(self) -> dict:
         return ray.get(self.actor.start.remote())
@@ -81,9 +82,9 @@ def _first_new_parent(path: Path) -> Path | None:
     return new
 
 
-def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str] | dict | None = None, *,
-        address: str | None = None, out: str | Path | None = None, progress: bool = False,
-        on_round: Callable[[dict], bool | None] | None = None, resume: str | Path | None = None,
+def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides: list[str] | dict[str, Any] | None = None,
+        *, address: str | None = None, out: str | Path | None = None, progress: bool = False,
+        on_round: Callable[[dict[str, Any]], bool | None] | None = None, resume: str | Path | None = None,
         callbacks: list[Callback] | None = None, **kw_overrides: Any) -> RunResult:
     """Run one experiment and return its results (`.rounds`, `.clients` DataFrames, `.run_dir`).
 
@@ -107,6 +108,8 @@ def run(config: str | Path | dict | ExperimentConfig | None, overrides: list[str
         done = found[0] if found else 0
         created = None
     else:
+        if config is None:
+            raise ConfigError("no config given: pass a YAML path, a dict or an ExperimentConfig (None only with resume=)")
         done = 0
         cfg = load_config(config, items)
         run_dir = Path(out) if out is not None else new_run_dir(cfg.name)

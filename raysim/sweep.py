@@ -69,6 +69,7 @@ def check_space(cfg: ExperimentConfig) -> list[ExperimentConfig]:
     from raysim.config import load_config
     from raysim.errors import ConfigError
 
+    assert cfg.sweep is not None, "check_space needs a sweep section"
     tree = base_tree(cfg)
     rng = np.random.default_rng(cfg.seed)
     configs, problems = [], []
@@ -197,7 +198,7 @@ def run_sweep(config: str | Path | dict, overrides: list[str] | dict | None = No
     import pandas as pd
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
     from raysim import plugins
     from raysim.config import dump_config, load_config
@@ -218,6 +219,7 @@ def run_sweep(config: str | Path | dict, overrides: list[str] | dict | None = No
         write_text(dump_config(cfg), sweep_dir / "config.yaml")
         tree = base_tree(cfg)
         keys = list(sweep.space)
+        scheduler: TrialScheduler
         if sweep.scheduler.kind == "asha":
             scheduler = ASHAScheduler(time_attr="round", max_t=max(p.algorithm.rounds for p in points),
                                       grace_period=sweep.scheduler.grace_period,
@@ -240,7 +242,7 @@ def run_sweep(config: str | Path | dict, overrides: list[str] | dict | None = No
     finally:
         if started:
             ray.shutdown()
-    trials = pd.DataFrame([_trial_row(r, keys, sweep.metric, sweep.mode) for r in grid])
+    trials = pd.DataFrame([_trial_row(grid[i], keys, sweep.metric, sweep.mode) for i in range(len(grid))])
     write_parquet(trials.to_dict("records"), sweep_dir / "sweep_results.parquet")
     return SweepResult(sweep_dir, trials, keys, sweep.metric, sweep.mode, _best(trials, sweep.metric, sweep.mode))
 

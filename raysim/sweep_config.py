@@ -40,9 +40,13 @@ class Domain(BaseModel):
 
     def points(self, rng: np.random.Generator) -> list[Any]:
         """Values to validate before launching: every listed value, or both bounds and one draw."""
-        if self.grid is not None or self.choice is not None:
-            return list(self.grid if self.grid is not None else self.choice)
-        low, high = self.uniform or self.loguniform
+        if self.grid is not None:
+            return list(self.grid)
+        if self.choice is not None:
+            return list(self.choice)
+        bounds = self.uniform or self.loguniform
+        assert bounds is not None  # _one_kind: a range when neither grid nor choice
+        low, high = bounds
         draw = rng.uniform(low, high) if self.uniform else math.exp(rng.uniform(math.log(low), math.log(high)))
         return [low, float(draw), high]
 
@@ -54,7 +58,10 @@ class Domain(BaseModel):
             return tune.grid_search(self.grid)
         if self.choice is not None:
             return tune.choice(self.choice)
-        return tune.uniform(*self.uniform) if self.uniform else tune.loguniform(*self.loguniform)
+        if self.uniform:
+            return tune.uniform(*self.uniform)
+        assert self.loguniform is not None  # _one_kind: the one kind left
+        return tune.loguniform(*self.loguniform)
 
 
 class SchedulerConfig(BaseModel):

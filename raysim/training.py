@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ def sample_losses(out: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor
 
 def squared_norm(params: dict[str, torch.Tensor]) -> torch.Tensor:
     """‖θ‖² of named parameters."""
-    return sum((p * p).sum() for p in params.values())
+    return cast(torch.Tensor, sum((p * p).sum() for p in params.values()))  # never empty: not sum's start 0
 
 
 def qsgd(v: np.ndarray, levels: int, rng: np.random.Generator) -> np.ndarray:
@@ -115,9 +115,15 @@ class LocalSGDParams(BaseModel):
         if self.lr_schedule == "constant":
             return self.lr
         mu, b = self.strong_convexity or self.l2, self.local_steps
+        assert b is not None  # _one_length: a schedule needs local_steps
         if self.lr_schedule == "fedpaq":
-            t0 = self.t0 if self.t0 is not None else 4.0 * self.L1 / mu
+            if self.t0 is not None:
+                t0 = self.t0
+            else:
+                assert self.L1 is not None  # _one_length: fedpaq needs L1 or t0
+                t0 = 4.0 * self.L1 / mu
             return 4.0 / (mu * ((k + t0) * b + 1))
+        assert self.L1 is not None  # _one_length: fedpaq_capped needs L1
         return min(1.0 / self.L1, 4.0 / (mu * (k * b + 1)))
 
 
@@ -157,7 +163,11 @@ def batch_plan(n: int, batch_size: int | None, local_steps: int | None, local_ep
     """Minibatches without replacement within each pass over the data (a fresh permutation per pass)."""
     b = n if batch_size is None else min(batch_size, n)
     per_epoch = math.ceil(n / b)
-    steps = local_steps if local_steps is not None else local_epochs * per_epoch
+    if local_steps is not None:
+        steps = local_steps
+    else:
+        assert local_epochs is not None, "batch_plan needs local_steps or local_epochs"
+        steps = local_epochs * per_epoch
     idx = np.zeros((steps, b), dtype=np.int64)
     w = np.zeros((steps, b))
     for s in range(steps):
@@ -172,9 +182,11 @@ def batch_plan(n: int, batch_size: int | None, local_steps: int | None, local_ep
 
 class LocalSGD(Algorithm):
     """FedAvg/FedPAQ with partial participation, b local SGD steps and a server learning rate (unregistered:
-    the fedavg family registers it as `fedavg`; other families subclass it)."""
+    the fedavg family registers it as `fedavg`; other families subclass it). Its state, broadcast and reply
+    types are the ones below, but the hooks take the contract's Any: subclasses (SCAFFOLD, sketching, server
+    optimizers) bring their own."""
 
-    Params = LocalSGDParams
+    Params: ClassVar[type[BaseModel] | None] = LocalSGDParams
     reducible = True
     mu = 0.0
 
@@ -197,12 +209,12 @@ class LocalSGD(Algorithm):
         out = functional_call(self.module, params, (x.to(theta.dtype),))
         return sample_losses(out, y, self.params.loss).mean() + 0.5 * self.params.l2 * (theta * theta).sum()
 
-    def init(self) -> ServerState:
+    def init(self) -> Any:
         theta = initial_vector(self.ctx.model, self.ctx.feature_shape, self.ctx.image_shape,
                                self.ctx.num_classes, self.ctx.seed)
         return ServerState(np.zeros_like(theta) if self.params.theta0 == "zeros" else theta)
 
-    def plan(self, state: ServerState, round: int, rng: np.random.Generator) -> Plan:
+    def plan(self, state: Any, round: int, rng: np.random.Generator) -> Plan:
         clients = sample_clients(self.ctx.num_clients, self.ctx.clients_per_round, rng)
         return Plan(clients, Broadcast(state.params, self.params.step_size(max(round - 1, 0))))
 
@@ -232,7 +244,7 @@ class LocalSGD(Algorithm):
                     upload_bytes=nbytes)
         return WeightedDelta(weight * delta, weight), None, cost
 
-    def step(self, cstate, data: ClientData, broadcast: Broadcast | np.ndarray, rng: np.random.Generator):
+    def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
         """The per-client reference: local SGD on one client, one step at a time."""
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.clone()[None]
@@ -257,7 +269,8 @@ class LocalSGD(Algorithm):
         same width (and give the same bits) whichever clients share its shard."""
         return max(self.batch_width, *(p.idx.shape[1] for p in plans))
 
-    def step_many(self, cstates: list, datas: list[ClientData], broadcast: Broadcast | np.ndarray, rngs: list):
+    def step_many(self, cstates: list[Any], datas: list[ClientData], broadcast: Any,
+                  rngs: list[np.random.Generator]) -> list[tuple[Any, Any, Cost]]:
         """All clients of a shard at once: stacked parameters, vmap of the per-sample-batch gradient
         (also for one client, so a client's numbers do not depend on how many share its shard)."""
         if not datas:
@@ -266,15 +279,15 @@ class LocalSGD(Algorithm):
         plans = [self._plan_for(d, r) for d, r in zip(datas, rngs)]
         steps = max(len(p.idx) for p in plans)
         bsz = self._batch_width(plans)
-        idx = np.zeros((k, steps, bsz), dtype=np.int64)  # numpy: a slice assignment costs ~1 µs, torch's ~5 µs
-        w = np.zeros((k, steps, bsz))
+        idx_np = np.zeros((k, steps, bsz), dtype=np.int64)  # numpy: a slice assignment costs ~1 µs, torch's ~5 µs
+        w_np = np.zeros((k, steps, bsz))
         for i, p in enumerate(plans):
             s, b = p.idx.shape
-            idx[i, :s, :b], w[i, :s, :b] = p.idx, p.w
+            idx_np[i, :s, :b], w_np[i, :s, :b] = p.idx, p.w
         x = pad_sequence([d.x for d in datas], batch_first=True)
         y = pad_sequence([d.y for d in datas], batch_first=True)
-        idx = torch.from_numpy(idx).to(self.device)
-        w = torch.from_numpy(w).to(self.device, self.dtype)
+        idx = torch.from_numpy(idx_np).to(self.device)
+        w = torch.from_numpy(w_np).to(self.device, self.dtype)
         active = (w.sum(2, keepdim=True) > 0).to(self.dtype)  # every real step has at least one sample
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.expand(k, -1).clone()
@@ -291,20 +304,20 @@ class LocalSGD(Algorithm):
         deltas = (theta - theta_g).cpu().numpy()
         return [self._reply(delta, d, p, r) for delta, d, p, r in zip(deltas, datas, plans, rngs)]
 
-    def reduce(self, replies: list[WeightedDelta]) -> WeightedDelta:
+    def reduce(self, replies: list[Any]) -> Any:
         return WeightedDelta(np.sum([r.total for r in replies], axis=0), sum(r.weight for r in replies))
 
-    def aggregate(self, state: ServerState, replies: list[WeightedDelta], rng) -> tuple[ServerState, Cost]:
+    def aggregate(self, state: Any, replies: list[Any], rng: np.random.Generator) -> tuple[Any, Cost]:
         if not replies:
             return state, Cost()
         total = self.reduce(replies)
         return ServerState(state.params + self.params.server_lr * total.total / total.weight), Cost()
 
-    def export(self, state: ServerState) -> nn.Module:
+    def export(self, state: Any) -> nn.Module:
         """The configured model (on the CPU) holding the server's parameters θ."""
         return self.spec.module_with(self.module, state.params, self.dtype)
 
-    def evaluate(self, state: ServerState, data: EvalData) -> dict[str, float]:
+    def evaluate(self, state: Any, data: EvalData) -> dict[str, float]:
         """Test accuracy (class labels under ce) and loss; the loss and the objective F(θ) (loss +
         (l2/2)‖θ‖²) on (a capped sample of) the pooled training data."""
         theta = torch.tensor(state.params, dtype=self.dtype, device=self.device)

@@ -131,3 +131,9 @@ def test_resume_after_sigkill_reaches_the_same_numbers(ray_cluster, tmp_path):
     clean = raysim.run(cfg, out=tmp_path / "clean")
     pd.testing.assert_frame_equal(reproducible(clean.rounds), reproducible(resumed.rounds))
     pd.testing.assert_frame_equal(reproducible(clean.clients), reproducible(resumed.clients))
+
+
+def test_a_run_needs_a_config_unless_it_resumes(tmp_path):
+    """`config` may be None only with resume=: otherwise a ConfigError in one line, not a TypeError from Path(None)."""
+    with pytest.raises(raysim.ConfigError, match="no config given"):
+        raysim.run(None, out=tmp_path / "run")

@@ -26,14 +26,14 @@ from raysim.training import Broadcast, LocalSGD, ServerState
 class ScaffoldState(ServerState):
     """The global model x and the server control variate c."""
 
-    control: np.ndarray | None = None
+    control: np.ndarray
 
 
 @dataclass
 class ScaffoldBroadcast(Broadcast):
     """x, the round's local lr η_l, and c."""
 
-    control: np.ndarray | None = None
+    control: np.ndarray
 
 
 @dataclass

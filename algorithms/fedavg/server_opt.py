@@ -23,8 +23,8 @@ ServerOptKind = Literal["avgm", "adagrad", "adam", "yogi"]
 class FedOptState(ServerState):
     """The global model and the server optimizer's moments (v unused by FedAvgM)."""
 
-    m: np.ndarray | None = None
-    v: np.ndarray | None = None
+    m: np.ndarray
+    v: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 
 from raysim.algorithms.fedfisher.baselines import FisherStatsParams, LocalModel, OneShot
-from raysim.algorithms.fedfisher.fisher import FisherEstimate, FisherType, curvature_layers, diagonal_fisher, kfac_fisher
+from raysim.algorithms.fedfisher.fisher import KFAC, FisherEstimate, FisherType, curvature_layers, diagonal_fisher, kfac_fisher
 from raysim.algorithms.fedfisher.fisher.compress import CompressionKind, Compression
 from raysim.contract import ClientData, Cost
 from raysim.algorithms.fedfisher.merge.average import weighted_average
@@ -67,7 +67,7 @@ class FedFisher(OneShot):
         compute = diagonal_fisher if p.fisher == "diag" else kfac_fisher
         stats = compute(module, data.x, p.fisher_batch_size, estimate, data.y)
         outputs = {"true_exact": self.ctx.num_classes, "true_mc": min(p.fisher_mc_samples, self.ctx.num_classes), "empirical": 1}[p.fisher_type]
-        floats = stats.size if p.fisher == "diag" else stats.floats
+        floats = stats.floats if isinstance(stats, KFAC) else stats.size
         batches = -(-len(data) // p.fisher_batch_size)
         return stats, floats, Cost(oracle_calls=len(data) * outputs, oracle_batches=batches)
 

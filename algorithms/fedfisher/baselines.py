@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -57,9 +57,10 @@ class LocalModel:
 
 
 class OneShot(Algorithm):
-    """The shared one-shot protocol; subclasses define `client_stats` and `merge`."""
+    """The shared one-shot protocol; subclasses define `client_stats` and `merge`. The state hooks take the
+    contract's Any: a subclass may keep more than the merged vector (PFNM's widened model)."""
 
-    Params = OneShotParams
+    Params: ClassVar[type[BaseModel] | None] = OneShotParams
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -73,15 +74,15 @@ class OneShot(Algorithm):
         c = self.ctx
         return ServerState(initial_vector(c.model, c.feature_shape, c.image_shape, c.num_classes, c.seed))
 
-    def plan(self, state: ServerState, round: int, rng: np.random.Generator) -> Plan:
+    def plan(self, state: Any, round: int, rng: np.random.Generator) -> Plan:
         return Plan(np.arange(self.ctx.num_clients), state.params)
 
-    def evaluate(self, state: ServerState, data: EvalData) -> dict[str, float]:
+    def evaluate(self, state: Any, data: EvalData) -> dict[str, float]:
         """Top-1 test accuracy and cross-entropy of the merged model; the loss on pooled training data."""
         params = self.spec.unflatten(torch.as_tensor(state.params, dtype=self.dtype, device=self.device))
         return self.metrics(lambda x: functional_call(self.module, params, (x,)), data)
 
-    def export(self, state: ServerState) -> torch.nn.Module:
+    def export(self, state: Any) -> torch.nn.Module:
         """The merged model (on the CPU)."""
         return self.spec.module_with(self.module, state.params, self.dtype)
 
@@ -134,7 +135,7 @@ class OneShot(Algorithm):
         """The merged flat vector and the server's Cost."""
         raise NotImplementedError
 
-    def aggregate(self, state: ServerState, replies: list[LocalModel], rng) -> tuple[ServerState, Cost]:
+    def aggregate(self, state: Any, replies: list[LocalModel], rng: np.random.Generator) -> tuple[Any, Cost]:
         if not replies:
             return state, Cost()
         models = np.stack([r.params for r in replies])
@@ -154,7 +155,9 @@ class OneShot(Algorithm):
 
     def val_accuracy(self, flat: np.ndarray) -> float:
         """Accuracy of the flat parameter vector on the validation set."""
-        x, y = self.validation
+        validation = self.validation
+        assert validation is not None, "val_accuracy needs a validation set (server_val_size > 0)"
+        x, y = validation
         params = self.spec.unflatten(torch.as_tensor(flat, dtype=self.dtype, device=self.device))
         with torch.no_grad():
             return float((functional_call(self.module, params, (x,)).argmax(1) == y).double().mean())

@@ -7,7 +7,7 @@ temperature-T KL loss. The generator's BatchNorm-statistics loss is 0 for the pa
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,8 +82,10 @@ def synthesize(teacher: Forward, student: Forward, generator: Generator, nz: int
     reset(generator, g)
     z = torch.randn(batch, nz, generator=g, dtype=dtype).to(device).requires_grad_(True)
     targets = torch.randint(0, num_classes, (batch,), generator=g).sort()[0].to(device)
-    opt = torch.optim.Adam([{"params": generator.parameters()}, {"params": [z]}], lr, betas=(0.5, 0.999))
-    best, best_loss = None, float("inf")
+    groups: list[dict[str, Any]] = [{"params": generator.parameters()}, {"params": [z]}]
+    opt = torch.optim.Adam(groups, lr, betas=(0.5, 0.999))
+    best: torch.Tensor | None = None
+    best_loss = float("inf")
     for _ in range(iterations):
         opt.zero_grad()
         images = generator(z)
@@ -96,6 +98,7 @@ def synthesize(teacher: Forward, student: Forward, generator: Generator, nz: int
             best, best_loss = images.detach(), loss.item()
         loss.backward()
         opt.step()
+    assert best is not None, "synthesize needs iterations >= 1"
     return torch.round(best.clamp(0, 1) * 255) / 255  # the pool stores PNGs
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from raysim.models import ModelConfig, register_model
 
 
-def _conv_stack(image_shape: tuple, channels: tuple[int, int], hidden: tuple[int, int], num_classes: int) -> nn.Sequential:
+def _conv_stack(image_shape: tuple | None, channels: tuple[int, int], hidden: tuple[int, int], num_classes: int) -> nn.Sequential:
     """Two bias-free conv(k5)+ReLU+MaxPool2 blocks and three bias-free linear layers."""
     if image_shape is None or len(image_shape) != 3:
         raise ValueError(f"model.name: needs a data source with a (channels, height, width) image shape, got {image_shape}")

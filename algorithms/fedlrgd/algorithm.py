@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
@@ -296,7 +296,7 @@ class FedLRGD(Algorithm):
         ph = phase_of(t, r)
         if ph in ("B", "idle"):
             return Plan(np.arange(0, dtype=np.int64), None, ph)
-        broadcast = {"row": t - 2}
+        broadcast: dict[str, Any] = {"row": t - 2}
         if ph == "A":
             broadcast["pivots"] = state.pivots
             if self.params.upload == "weights":
@@ -353,6 +353,7 @@ class FedLRGD(Algorithm):
                             fallback_coords=int((~(cond <= p.cond_threshold)).sum()))
             return state, Cost(oracle_calls=r * r, oracle_batches=r)
         if ph in ("A", "C"):  # rows t-2 of every client's matrix arrive
+            assert state.acc is not None  # phase B's round (epoch 1) made it
             acc = state.acc.copy()
             if replies:
                 total = self.reduce(replies)

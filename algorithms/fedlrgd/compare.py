@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -21,11 +23,21 @@ import torch
 from raysim.config import ExperimentConfig, load_config
 from raysim.data import build_federated, read_table_arrays
 from raysim.experiment import make_algorithm
+from raysim.models import ParamSpec
 from raysim.results import atomic_write_bytes, write_text
 
 FEDAVG_FAMILY = ("fedavg", "fedprox")
 DEFAULT_B = (1, 5, 10, 20, 50)
 MAX_NEWTON_PARAMS = 5000
+
+
+@runtime_checkable
+class HasObjective(Protocol):
+    """An algorithm whose model has a flat parameter vector and an objective F(θ) on data (LocalSGD, FedLRGD)."""
+
+    spec: ParamSpec
+
+    def objective(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
 
 
 def newton_minimum(objective, theta0: torch.Tensor, tol: float = 1e-13, max_iter: int = 100) -> tuple[torch.Tensor, float]:
@@ -57,13 +69,13 @@ def optimum(cfg: ExperimentConfig, work_dir: Path) -> tuple[float, int]:
         raise ValueError(f"eval.train_samples: {cfg.eval.train_samples} < {fed.num_train} training samples; "
                          "compare needs F(θ) on the whole pooled training set (raise eval.train_samples)")
     algo = make_algorithm(cfg, fed)
-    if not hasattr(algo, "objective"):
+    if not isinstance(algo, HasObjective):
         raise ValueError(f"algorithm.name: {cfg.algorithm.name!r} defines no objective(θ, x, y) to minimise")
     p = algo.spec.size
     if p > MAX_NEWTON_PARAMS:
         raise ValueError(f"model: {p} parameters; compare computes F* by Newton for at most {MAX_NEWTON_PARAMS}")
-    x, y = read_table_arrays(fed.train_path)
-    x, y = torch.as_tensor(np.array(x)), torch.as_tensor(np.array(y))
+    x_np, y_np = read_table_arrays(fed.train_path)
+    x, y = torch.as_tensor(np.array(x_np)), torch.as_tensor(np.array(y_np))
     _, f_star = newton_minimum(lambda th: algo.objective(th, x, y), torch.zeros(p, dtype=torch.float64))
     return f_star, fed.num_train
 
@@ -106,7 +118,7 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compare(configs: list[str | Path], epsilons: float | tuple[float, ...], out: str | Path,
+def compare(configs: Sequence[str | Path], epsilons: float | tuple[float, ...], out: str | Path,
             b_values: tuple[int, ...] = DEFAULT_B, overrides: list[str] | None = None,
             address: str | None = None) -> pd.DataFrame:
     """Run every config (FedAvg family over `b_values`) once and return the table for every ε in

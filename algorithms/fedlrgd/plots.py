@@ -26,7 +26,7 @@ def rank_histogram(result: RunResult) -> list[Path]:
     k = int(table["k"].iloc[0])
     s = summarize(table["rank"].to_numpy(), k)
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.hist(table["rank"], bins=np.arange(0.5, k + 1.5), color="tab:blue", edgecolor="white")
+    ax.hist(table["rank"], bins=np.arange(0.5, k + 1.5).tolist(), color="tab:blue", edgecolor="white")
     ax.set_xlabel(f"approximate rank (90% energy) of the {k} x {k} gradient matrix")
     ax.set_ylabel("coordinates")
     ax.set_title(f"{result.run_dir.name}: {s.coordinates} weights, median {s.median:g}, "

@@ -113,7 +113,9 @@ class ZOFamily(Algorithm):
 
     def cosine(self, g: Tensor, x: Tensor) -> float:
         """cos(g, grad F(x)) against the true global gradient (Fig. 4)."""
-        return float(torch.nn.functional.cosine_similarity(g, self.objective.grad(x), dim=0))
+        true_grad = self.objective.grad(x)
+        assert true_grad is not None, "track_cosine needs known gradients (checked in __init__)"
+        return float(torch.nn.functional.cosine_similarity(g, true_grad, dim=0))
 
     def cost(self, queries: int, floats: int) -> Cost:
         """Queries as oracle calls; an upload of `floats` float64 numbers (upload_vectors in units of d)."""

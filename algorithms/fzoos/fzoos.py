@@ -133,6 +133,7 @@ class FZooS(ZOFamily):
             g = gp.mean_grad(self._gp(state.history, x, with_values=True), x)
             if dw is not None:
                 vector = rff.surrogate_grad(self.features, dw, x) if p.correction_vector == "adaptive" else fixed
+                assert vector is not None  # fixed is None only without dw
                 g = g + correction_length(p.gamma, t, p.gamma_value, p.gamma_min) * vector
             if p.track_cosine:
                 cosines.append(self.cosine(g, x))
@@ -151,6 +152,7 @@ class FZooS(ZOFamily):
         p = self.params
         x = b.x
         state.history.add(x[None], self.query(client, x[None], rng))
+        assert state.x_local is not None  # the local phase before this one set it
         radius = (x - state.x_local).abs().mean() / 2.0
         queries = 1 + self._active(state, client, x, radius, p.active_end_candidates, p.active_end, rng)
         X, y = state.history.nearest(x, p.rff_window)

@@ -13,13 +13,12 @@ class History:
 
     dim: int
     n: int = 0
-    X: Tensor = field(default=None)
-    y: Tensor = field(default=None)
+    X: Tensor = field(init=False)
+    y: Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.X is None:
-            self.X = torch.empty((16, self.dim), dtype=torch.float64)
-            self.y = torch.empty(16, dtype=torch.float64)
+        self.X = torch.empty((16, self.dim), dtype=torch.float64)
+        self.y = torch.empty(16, dtype=torch.float64)
 
     def add(self, X: Tensor, y: Tensor) -> None:
         """Append the rows of X (k, d) with their values y (k,)."""

@@ -45,6 +45,7 @@ def one_thread() -> Iterator[None]:
 
 def held_out_path(ctx: Context) -> Path:
     """The server's held-out split, written beside the clients' train.parquet (raysim.data.federated)."""
+    assert ctx.train_path is not None, "a run's Context names its train.parquet"
     return Path(ctx.train_path).with_name("test.parquet")
 
 
@@ -77,6 +78,7 @@ class Classifier:
 
 
 def _client_rows(ctx: Context) -> list[tuple[Tensor, Tensor]]:
+    assert ctx.train_path is not None, "a run's Context names its train.parquet"
     rows = read_clients(ctx.train_path, range(ctx.num_clients))
     return [(torch.tensor(np.asarray(x), dtype=torch.float64), torch.tensor(np.asarray(y)))
             for x, y in (rows[i] for i in range(ctx.num_clients))]
@@ -139,8 +141,8 @@ class AttackObjective(Objective):
                        for i, (x, y) in enumerate(clients)]
         data = torch.cat([x for x, _ in clients])
         self.lo, self.hi = float(data.min()), float(data.max())
-        hx, hy = read_table_arrays(held_out_path(ctx))
-        hx, hy = torch.tensor(np.asarray(hx), dtype=torch.float64), torch.tensor(np.asarray(hy))
+        held_x, held_y = read_table_arrays(held_out_path(ctx))
+        hx, hy = torch.tensor(np.asarray(held_x), dtype=torch.float64), torch.tensor(np.asarray(held_y))
         self.dim, self.num_clients = hx[0].numel(), ctx.num_clients
         zero = torch.full((self.dim,), 0.5, dtype=torch.float64)
         margins = torch.stack([self._margins(i, zero, hx, hy) for i in range(self.num_clients)]).mean(0)

@@ -233,7 +233,7 @@ def truth_coefficients(Phi: np.ndarray, truth: np.ndarray, rtol: float = 1e-9) -
     if len(truth) < Phi.shape[1]:
         return None
     theta, _, rank, _ = np.linalg.lstsq(Phi, truth, rcond=None)
-    if rank < Phi.shape[1] or np.linalg.norm(Phi @ theta - truth) > rtol * max(1.0, np.linalg.norm(truth)):
+    if rank < Phi.shape[1] or np.linalg.norm(Phi @ theta - truth) > rtol * max(1.0, float(np.linalg.norm(truth))):
         return None
     return theta
 
@@ -327,7 +327,7 @@ def truth_theta(Phi: np.ndarray, y, rtol: float = 1e-9) -> np.ndarray | None:
     coefs = y[:, 2:]
     if len(coefs) and coefs.shape[1] == Phi.shape[1] and np.all(coefs == coefs[0]):
         theta = coefs[0]
-        if np.linalg.norm(Phi @ theta - truth) <= rtol * max(1.0, np.linalg.norm(truth)):
+        if np.linalg.norm(Phi @ theta - truth) <= rtol * max(1.0, float(np.linalg.norm(truth))):
             return theta
     return truth_coefficients(Phi, truth, rtol)
 
@@ -456,6 +456,7 @@ class KernelFedAvg(Algorithm):
         if bad:
             raise ValueError(f"algorithm.gain_clients: {bad} are not clients 0..{self.ctx.num_clients - 1}")
         refs = []
+        assert self.ctx.train_path is not None, "a run's Context names its train.parquet"
         for j, (x, y) in sorted(read_clients(self.ctx.train_path, self.params.gain_clients).items()):
             response, truth = split_targets(y)
             if truth is None:

@@ -16,25 +16,27 @@ Each writes its table (Parquet) and PNG(s) under DIR (default runs/kernel_figure
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from raysim.algorithms.kernel.algorithm import (expected_prediction_error, feature_stats, fixed_point_solver,
-                                      truth_coefficients)
-from raysim.config import load_config
-from raysim.algorithms.kernel.sources import (client_sizes, linear_model, polynomial_grid, polynomial_model, sobolev_model,
-                                    subspace_model)
+from raysim.algorithms.kernel.algorithm import (KernelFedAvgParams, expected_prediction_error, feature_stats,
+                                      fixed_point_solver, truth_coefficients)
+from raysim.config import ExperimentConfig, load_config
+from raysim.algorithms.kernel.sources import (RegressionOptions, client_sizes, linear_model, polynomial_grid,
+                                    polynomial_model, sobolev_model, subspace_model)
 from raysim.algorithms.kernel.federation_gain import empirical_gain, gain_gaussian, local_estimator
 from raysim.algorithms.kernel.kernels import Monomial, Sobolev1
 from raysim.algorithms.kernel.plots import ROUND_METRICS, plot_gain, plot_inverse_mse, plot_panels, plot_series
 from raysim.rng import SERVER, SETUP, stream
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "kernel"
-ALGORITHMS = {"FedAvg s=1": ("fedavg", 1), "FedAvg s=5": ("fedavg", 5), "FedAvg s=10": ("fedavg", 10),
+ALGORITHMS: dict[str, tuple[Literal["fedavg", "fedprox"], int]] = {"FedAvg s=1": ("fedavg", 1), "FedAvg s=5": ("fedavg", 5), "FedAvg s=10": ("fedavg", 10),
               "FedProx": ("fedprox", 1)}
 GAMMAS = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0]
 RANKS = [1, 5, 10, 14, 16, 18, 20, 23, 27, 30, 40, 50, 60, 70, 80, 90, 95, 100]
@@ -78,7 +80,9 @@ def pooled_ols_error(run_dir: Path) -> float:
 
     x, y = read_table_arrays(run_dir / "data" / "train.parquet")
     tx, ty = read_table_arrays(run_dir / "data" / "test.parquet")
-    star = truth_coefficients(tx, split_targets(ty)[1])
+    truth = split_targets(ty)[1]
+    assert truth is not None, "a regression source's test file holds the noise-free truth"
+    star = truth_coefficients(tx, truth)
     return float(np.linalg.norm(np.linalg.lstsq(x, split_targets(y)[0], rcond=None)[0] - star))
 
 
@@ -86,7 +90,7 @@ def summarise_rounds(tables: dict[str, pd.DataFrame], ols: float | None = None) 
     """Per series: the last gradient norm (plateau), final errors, rounds to within 5% of the final error."""
     rows = []
     for label, r in tables.items():
-        row = {"series": label}
+        row: dict[str, str | float] = {"series": label}
         if "grad_norm_sec61_prev" in r:
             row["grad_plateau"] = float(r["grad_norm_sec61_prev"].iloc[-1])
         for col in ("coef_error", "pred_error_prev", "test_error"):
@@ -161,21 +165,28 @@ def general(out: Path, **_) -> list[Path]:
     config = CONFIGS / "kernel_general.yaml"
     algorithms = {k: v for k, v in ALGORITHMS.items() if k != "FedAvg s=10"}
     tables = run_series(config, out, algorithms=algorithms)
-    cfg = load_config(config)
-    p = cfg.data.source_options()
+    cfg, p, params = _setup(config)
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
     data = sobolev_model(sizes, p.noise, stream(cfg.seed, SETUP, SERVER, "figure:general"))
     X, truth = np.concatenate(data.x), np.concatenate(data.truth)
     G = Sobolev1().gram(X, X)
     ts = np.unique(np.geomspace(1, cfg.algorithm.rounds, 40).astype(int))
     for label, (method, s) in algorithms.items():
-        expected = expected_prediction_error(G, sizes, truth, p.noise, cfg.algorithm_params().eta, method, s, ts)
+        expected = expected_prediction_error(G, sizes, truth, p.noise, params.eta, method, s, ts)
         tables[f"{label}: exact E (other draw)"] = pd.DataFrame({"round": ts + 1, "pred_error_prev": expected})
     summarise_rounds(tables).to_parquet(out / "general.parquet")
     return [plot_series(tables, ROUND_METRICS[2:3], out / "kernel_general.png", "§5.6: Sobolev kernel, 1/t and early stopping")]
 
 
 # ----------------------------------------------------------------------------- closed-form sweeps
+
+def _setup(config: Path) -> tuple[ExperimentConfig, RegressionOptions, KernelFedAvgParams]:
+    """A kernel figure's config, its source's options and its algorithm's hyperparameters."""
+    cfg = load_config(config)
+    options, params = cfg.data.source_options(), cfg.algorithm_params()
+    assert isinstance(options, RegressionOptions) and isinstance(params, KernelFedAvgParams)  # the kernel configs'
+    return cfg, options, params
+
 
 def _scarce_rich(sizes: np.ndarray, d: int, rng: np.random.Generator) -> tuple[int, int]:
     """One random data-scarce (n_j < d) and one random data-rich (n_j >= d) client."""
@@ -203,8 +214,8 @@ def gain_rows(data, solve: dict, pick: tuple[int, int], extra: dict) -> list[dic
 def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trials: int = 20) -> pd.DataFrame:
     """FG vs Gamma (§5.2), with the client's closed-form FG (`gain_gaussian`) beside each value; the same
     draws at every Gamma within a trial (common random numbers)."""
-    cfg = load_config(config)
-    p, eta = cfg.data.source_options(), cfg.algorithm_params().eta
+    cfg, p, params = _setup(config)
+    eta = params.eta
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
     rows = []
     for trial in range(trials):
@@ -213,6 +224,7 @@ def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trial
         for gamma in gammas:  # the same covariates at every Gamma: factor the fixed-point maps once
             data = linear_model(sizes, p.dim, p.noise, gamma, p.heterogeneity_kind,
                                 stream(cfg.seed, SETUP, trial, "figure:data"))
+            assert data.theta is not None  # the linear model's theta*
             solve = solve or solvers(data, sizes, eta)
             theory = {client: gain_gaussian(data.theta, sizes, j, p.noise)
                       for client, j in zip(("scarce", "rich"), pick)}
@@ -250,9 +262,8 @@ def fig4_crossings(table: pd.DataFrame) -> pd.DataFrame:
 
 def fig5_table(config: Path = CONFIGS / "kernel_fig5.yaml", ranks=RANKS, trials: int = 20) -> pd.DataFrame:
     """FG vs the covariate-subspace rank r (§5.4), step proportional to r (Cor. 2): the config's eta at its rank."""
-    cfg = load_config(config)
-    p = cfg.data.source_options()
-    eta = cfg.algorithm_params().eta / (p.rank or p.dim)
+    cfg, p, params = _setup(config)
+    eta = params.eta / (p.rank or p.dim)
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
     rows = []
     for trial in range(trials):
@@ -272,8 +283,7 @@ def l2_gram(degree: int) -> np.ndarray:
 
 def fig6_table(config: Path = CONFIGS / "kernel_fig6.yaml", per_client=range(1, 11), trials: int = 500) -> pd.DataFrame:
     """Mean over trials of int |f_hat - U_5|^2 dx of each converged model, for n_i = 1..10 (§5.5)."""
-    cfg = load_config(config)
-    p, params = cfg.data.source_options(), cfg.algorithm_params()
+    cfg, p, params = _setup(config)
     M, kernel = cfg.data.num_clients, Monomial(params.degree)
     H = l2_gram(params.degree)
     rows = []
@@ -283,9 +293,10 @@ def fig6_table(config: Path = CONFIGS / "kernel_fig6.yaml", per_client=range(1, 
         S = [P.T @ P / n for P in Phis]
         solvers = {label: fixed_point_solver(S, sizes / sizes.sum(), params.eta, m, s)
                    for label, (m, s) in ALGORITHMS.items()}
-        errors = {label: [] for label in ALGORITHMS}
+        errors: dict[str, list[float]] = {label: [] for label in ALGORITHMS}
         for trial in range(trials):
             data = polynomial_model(sizes, p.noise, p.grid, stream(cfg.seed, n, trial, "figure:data"))
+            assert data.theta is not None  # the polynomial model's theta*
             b = [P.T @ y / n for P, y in zip(Phis, data.y)]
             for label, solve in solvers.items():
                 e = solve(b) - data.theta[0]
@@ -318,7 +329,7 @@ def fig6(out: Path, trials: int = 500) -> list[Path]:
     return [plot_inverse_mse(table, out / "kernel_fig6.png", "Fig. 6: polynomial regression")]
 
 
-FIGURES = {"fig1": fig1, "fig2": fig2, "fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6, "general": general}
+FIGURES: dict[str, Callable[..., list[Path]]] = {"fig1": fig1, "fig2": fig2, "fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6, "general": general}
 
 
 def main() -> None:

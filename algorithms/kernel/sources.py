@@ -153,7 +153,9 @@ def rows_before_holdout(n: int, fraction: float) -> int:
 
 
 def _params(cfg: DataConfig) -> RegressionOptions:
-    return cfg.source_options()
+    options = cfg.source_options()
+    assert isinstance(options, RegressionOptions)  # every source here registers RegressionOptions
+    return options
 
 
 def _as_source(data: RegressionData) -> Source:

@@ -30,7 +30,7 @@ from raysim.models import initial_vector
 from raysim.algorithms.sketching.privacy import accountant_report, clip_per_example, gaussian_sigma, sensitivity
 from raysim.plugins import register_algorithm
 from raysim.rng import torch_stream
-from raysim.algorithms.sketching.sketch import KINDS, Sketch, check_sketch, make_sketch
+from raysim.algorithms.sketching.sketch import Kind, Sketch, check_sketch, make_sketch
 
 
 class DPParams(BaseModel):
@@ -59,7 +59,7 @@ class SketchingParams(BaseModel):
     weighting: Literal["uniform", "samples"] = "uniform"
     loss: LossKind = Field("ce", description="FedAvg's losses: ce, bce (soft-label logistic), mse")
     l2: float = Field(0.0, ge=0, description="per-sample regularizer (l2/2)‖θ‖² (data-independent: never clipped)")
-    sketch: Literal[KINDS] = "countsketch"
+    sketch: Kind = "countsketch"
     b_sketch: int | None = Field(None, ge=1, description="sketch size b; None: b = d (the model's size)")
     nnz_per_col: int = Field(1, ge=1, description="nonzeros per column of the sparse embeddings")
     dp: DPParams | None = None

@@ -28,7 +28,7 @@ from torch.func import grad, jacrev
 
 from raysim.algorithms.sketching.privacy import gaussian_sigma
 from raysim.rng import stream
-from raysim.algorithms.sketching.sketch import KINDS, make_sketch
+from raysim.algorithms.sketching.sketch import Kind, make_sketch
 
 F64 = torch.float64
 
@@ -163,7 +163,7 @@ def reconstruct(view: ThreatView, rng: np.random.Generator, optimizer: Literal["
                 iters: int = 5000, tol: float = 1e-28) -> Reconstruction:
     """Sketch-and-solve gradient matching (§4.1): from random x0 ~ N(0, I_m), keep the restart with the lowest L_R."""
     res = _residual(view)
-    best = None
+    best: Reconstruction | None = None
     for _ in range(restarts):
         x0 = torch.from_numpy(rng.standard_normal(view.model.input_dim))
         x = _gd(res, x0, iters, tol) if optimizer == "gd" else _lm(res, x0, iters, tol)
@@ -172,6 +172,7 @@ def reconstruct(view: ThreatView, rng: np.random.Generator, optimizer: Literal["
             best = Reconstruction(x.detach(), loss)
         if best.loss <= tol:  # an exact match: no restart can do better
             break
+    assert best is not None, "restarts must be >= 1"
     return best
 
 
@@ -208,7 +209,7 @@ class AttackConfig(BaseModel):
     name: str = "sketch_attack"
     seed: int = Field(0, ge=0)
     model: AttackModelConfig = Field(default_factory=AttackModelConfig)
-    sketch: Literal[KINDS] = "gaussian"
+    sketch: Kind = "gaussian"
     nnz_per_col: int = Field(1, ge=1)
     b_values: list[int] = Field(default_factory=lambda: [160, 64, 32, 16, 12, 9, 8, 6, 4],
                                 description="b = d runs unsketched (kind none)")

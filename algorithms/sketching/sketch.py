@@ -10,13 +10,15 @@ dense R for tests. Hashes are fully random draws from the seeded stream, which s
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
 from raysim.rng import SERVER, stream
 
-KINDS = ("none", "gaussian", "srht", "ams", "countsketch", "sparse_i", "sparse_ii", "uniform")
+Kind = Literal["none", "gaussian", "srht", "ams", "countsketch", "sparse_i", "sparse_ii", "uniform"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
 # Table 1's coordinate-wise embedding constant a (alpha = a d / b); `uniform` is outside the paper (Remark D.17).
 PAPER_A = {"none": 0.0, "gaussian": 3.0, "srht": 2.0, "ams": 2.0, "countsketch": 3.0, "sparse_i": 2.0, "sparse_ii": 2.0}
 
@@ -64,6 +66,8 @@ class Sketch:
     """A linear map R: R^d -> R^b given by `sk`, with adjoint `desk`."""
 
     kind: str = ""
+    dtype: torch.dtype  # set by each kind
+    device: torch.device
 
     def __init__(self, b: int, d: int):
         self.b, self.d = b, d

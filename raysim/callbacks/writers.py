@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import csv
 import math
-from numbers import Number
+from numbers import Real
 from pathlib import Path
+from typing import Any, TextIO
 
 from raysim.callbacks.base import Callback, RunContext, ServerView
 
@@ -12,7 +13,7 @@ from raysim.callbacks.base import Callback, RunContext, ServerView
 def scalars(row: dict) -> dict[str, float]:
     """The row's finite numbers, without the round itself: what a logger plots against the round."""
     return {k: float(v) for k, v in row.items()
-            if k != "round" and isinstance(v, Number) and not isinstance(v, bool) and math.isfinite(v)}
+            if k != "round" and isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 class CsvLogger(Callback):
@@ -21,8 +22,8 @@ class CsvLogger(Callback):
 
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path is not None else None
-        self.file = None
-        self.writer: csv.DictWriter | None = None
+        self.file: TextIO | None = None
+        self.writer: csv.DictWriter[str] | None = None
 
     def on_run_start(self, run: RunContext) -> None:
         self.path = self.path or run.run_dir / "rounds.csv"
@@ -30,6 +31,7 @@ class CsvLogger(Callback):
         self.file = self.path.open("a" if run.start_round else "w", newline="")
 
     def on_round_end(self, row: dict, server: ServerView) -> bool | None:
+        assert self.file is not None, "on_run_start opens the file"
         if self.writer is None:
             self.writer = csv.DictWriter(self.file, fieldnames=list(row), extrasaction="ignore")
             if self.file.tell() == 0:
@@ -49,7 +51,7 @@ class TensorBoard(Callback):
 
     def __init__(self, log_dir: str | Path | None = None):
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.writer = None
+        self.writer: Any = None  # a tensorboardX SummaryWriter once the run starts (tensorboardX is untyped)
 
     def on_run_start(self, run: RunContext) -> None:
         from tensorboardX import SummaryWriter

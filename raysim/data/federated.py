@@ -119,7 +119,7 @@ def _row_group_bounds(client_id: np.ndarray, target: int) -> list[int]:
     starts = np.flatnonzero(np.diff(client_id, prepend=client_id[:1] - 1))
     sizes = np.diff(starts, append=n)
     big = sizes > target
-    parts = [starts[np.unique(starts // target, return_index=True)[1]], starts[big] + sizes[big], [n],
+    parts: list[np.ndarray | list[int]] = [starts[np.unique(starts // target, return_index=True)[1]], starts[big] + sizes[big], [n],
              *(np.arange(s, s + m, target) for s, m in zip(starts[big], sizes[big]))]
     return [int(b) for b in np.unique(np.concatenate(parts))]
 
@@ -160,6 +160,8 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     seed = cfg.split_seed(seed)
     src = load_source(cfg, seed)
     natural = cfg.partition.kind == NATURAL
+    if natural and src.natural_clients is None:
+        raise DataError(f"data.source {cfg.source!r} is registered as natural but gave no client ids (Source.natural_clients)")
     if src.regression and cfg.partition.kind in LABEL_PARTITIONERS:
         raise DataError(f"data.partition.kind: {cfg.partition.kind!r} skews class labels, but source "
                          f"{cfg.source!r} has float targets; use iid, quantity or natural")
@@ -181,7 +183,7 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
             f"need {need} training samples, but source {cfg.source!r} has {len(src.y)} samples of which "
             f"{num_test} are held out for testing, leaving {num_train}")
     ids = partition(labels[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
-                    natural=src.natural_clients[train] if natural else None)
+                    natural=src.natural_clients[train] if natural and src.natural_clients is not None else None)
     shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
     order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
     x_train, y_train = src.x[train][order], src.y[train][order]

@@ -244,6 +244,7 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
     or overrides it; see `raysim.data.columns.features`). Client ids are renumbered 0..K-1 in
     sorted order of their values.
     """
+    assert cfg.path is not None  # DataConfig requires data.path for source 'parquet'
     if not Path(cfg.path).is_file():
         raise DataError(f"data.path: {cfg.path!r} is not a file (source 'parquet' reads one Parquet file)")
     try:

@@ -82,7 +82,7 @@ def expected_explicit_drain(k: int, nu: float) -> float:
     law[0] = 1.0
     for _ in range(k - 1):
         law = law @ trans
-    return k + (law @ np.arange(k)) / nu + 1.0 / nu
+    return k + float(law @ np.arange(k)) / nu + 1.0 / nu
 
 
 def paper_phase_estimate(b: int, k: int) -> float:

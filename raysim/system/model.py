@@ -70,7 +70,7 @@ class SystemModel:
     def server_compute_time(self, round: int, cost: Cost) -> float:
         """The server's compute time b*shift + Erlang(b, rate), mean 2b by default (20)."""
         c = self.cfg.compute
-        return compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate)
+        return float(compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate))
 
     def within_deadline(self, compute_times: np.ndarray) -> np.ndarray:
         """Which clients finish their compute by the deadline (all of them without one); the one deadline rule."""
@@ -97,8 +97,10 @@ class SystemModel:
         """When the server stops waiting: at its `keep`-th reply once it has them all (the latest
         kept time), else at the deadline if any client missed it, else at the latest kept time (0 if none)."""
         kept = times[~dropped]
+        deadline = self.cfg.stragglers.deadline
         if (keep is None or kept.size < keep) and not self.within_deadline(times).all():
-            return float(self.cfg.stragglers.deadline)
+            assert deadline is not None  # only a deadline makes a client miss it
+            return float(deadline)
         return float(kept.max()) if kept.size else 0.0
 
     def close_round(

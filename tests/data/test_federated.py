@@ -166,3 +166,21 @@ def test_regression_source_round_trips_float64_exactly(tmp_path, target_shape):
                             0, tmp_path / "d")
     finally:
         SOURCES.pop("regression_test")
+
+
+def test_a_natural_source_without_client_ids_is_a_data_error(tmp_path):
+    """A source registered as natural must give each sample's client: else one DataError line, not a TypeError."""
+    from raysim.data.sources import Source, register_source
+    from raysim.errors import DataError
+    from raysim.plugins import SOURCES
+
+    @register_source("natural_without_ids", natural=True)
+    def natural_without_ids(cfg, seed):
+        return Source(np.zeros((40, 2)), np.zeros(40, dtype=np.int64), (2,), 2)
+
+    try:
+        with pytest.raises(DataError, match="'natural_without_ids' is registered as natural but gave no client ids"):
+            build_federated(DataConfig(source="natural_without_ids", num_clients=4, partition={"kind": "natural"}),
+                            0, tmp_path)
+    finally:
+        SOURCES.pop("natural_without_ids")

@@ -85,8 +85,8 @@ class Compression:
                 blocks.append(KFACBlock(b.layer, a, g))
                 bits += ba + bg
             return weights, KFAC(blocks), bits
-        diag, b = quantize_per_tensor(stats, spec, self.fisher_bits())
-        return weights, diag, bits + b
+        diag, diag_bits = quantize_per_tensor(stats, spec, self.fisher_bits())
+        return weights, diag, bits + diag_bits
 
     def _rank(self, m: np.ndarray, kfac: KFAC, spec: ParamSpec) -> int | None:
         if self.kind == "paper":

@@ -49,12 +49,13 @@ def kfac_fisher(module: nn.Module, x: torch.Tensor, batch_size: int = 64, estima
     layers = curvature_layers(module)
     a_acc = [torch.zeros(l.in_dim, l.in_dim, dtype=x.dtype, device=x.device) for l in layers]
     g_acc = [torch.zeros(l.out_dim, l.out_dim, dtype=x.dtype, device=x.device) for l in layers]
-    classes = None
+    classes: int | None = None
     for batch in class_gradient_batches(module, layers, x, batch_size, estimate, y):
         for a_tot, g_tot, a, g in zip(a_acc, g_acc, batch.a, batch.g):
             classes = g.shape[0]
             a_tot += torch.einsum("bti,btj->ij", a, a)
             g_tot += torch.einsum("cbto,cbtp->op", g, g) / g.shape[2]
+    assert classes is not None, "no batch of gradients (empty x or no layers)"
     root_c, n = math.sqrt(classes), len(x)
     return KFAC([KFACBlock(l, (a * root_c / n).cpu().numpy(), (g / (root_c * n)).cpu().numpy())
                  for l, a, g in zip(layers, a_acc, g_acc)])

@@ -86,6 +86,7 @@ def patches(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(m, nn.Linear):
         a = x.reshape(x.shape[0], -1, x.shape[-1])
     else:
+        assert isinstance(m, (nn.Conv1d, nn.Conv2d)) and not isinstance(m.padding, str)  # what curvature_layers accepts
         k, d, p, s = m.kernel_size, m.dilation, m.padding, m.stride
         if isinstance(m, nn.Conv1d):  # as a 2-D convolution of height 1
             x, k, d, p, s = x.unsqueeze(2), (1, *k), (1, *d), (0, *p), (1, *s)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def client_weights(sizes: np.ndarray) -> np.ndarray:
+def client_weights(sizes: ArrayLike) -> np.ndarray:
     """p_i = n_i / sum_k n_k (spec §1.1, the code's weighting)."""
     sizes = np.asarray(sizes, dtype=np.float64)
     if sizes.sum() <= 0:

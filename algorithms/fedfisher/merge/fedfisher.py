@@ -7,7 +7,7 @@ early (Lemma 1); the best iterate on a validation score every `every` steps is r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Literal, cast
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ class KFACObjective:
     def _fmv(self, w: torch.Tensor, l: int) -> torch.Tensor:
         """Σ_i p_i G_i W_l A_i for the layer-l matrix of w."""
         v = self._mat(w, l)
-        return sum(p * g @ v @ a for p, g, a in zip(self.p, self.G[l], self.A[l]))
+        return cast(torch.Tensor, sum(p * g @ v @ a for p, g, a in zip(self.p, self.G[l], self.A[l])))  # never empty: not sum's start 0
 
     def grad(self, w: torch.Tensor) -> torch.Tensor:
         named = {}

@@ -23,6 +23,8 @@ popularity term are not capped at 10 (the cap only binds with more than 11 clien
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from typing import Any
 import math
 from dataclasses import dataclass
 
@@ -189,14 +191,17 @@ def widen(template: nn.Module, widths: tuple[int, ...]) -> nn.Module:
     for k, layer in enumerate(layers):
         old = module.get_submodule(layer.name)
         out = widths[k] if k < len(widths) else layer.out_dim
-        kw = {"bias": True, "dtype": old.weight.dtype, "device": old.weight.device}
+        assert isinstance(old, (nn.Linear, nn.Conv1d, nn.Conv2d))  # curvature_layers accepts no other
+        kw: dict[str, Any] = {"bias": True, "dtype": old.weight.dtype, "device": old.weight.device}
+        new: nn.Module
         if isinstance(old, nn.Linear):
             inp = old.in_features if k == 0 else widths[k - 1] * _block(layer, layers[k - 1])
             new = nn.Linear(inp, out, **kw)
         else:
             inp = old.in_channels if k == 0 else widths[k - 1]
-            new = type(old)(inp, out, old.kernel_size, stride=old.stride, padding=old.padding,
-                            dilation=old.dilation, padding_mode=old.padding_mode, **kw)
+            # torch types a layer's own kernel_size, stride, ... as tuple[int, ...]; its constructor wants fixed lengths
+            new = type(old)(inp, out, old.kernel_size, stride=old.stride, padding=old.padding,  # type: ignore[arg-type]
+                            dilation=old.dilation, padding_mode=old.padding_mode, **kw)  # type: ignore[arg-type]
         parent, _, name = layer.name.rpartition(".")
         setattr(module.get_submodule(parent), name, new)
     return module
@@ -213,7 +218,7 @@ def pfnm(models: np.ndarray, class_counts: np.ndarray, weights: np.ndarray, temp
     J = len(named)
     out: dict[str, torch.Tensor] = {}
     widths: list[int] = []
-    assign: list[np.ndarray | None] = [None] * J
+    assign: Sequence[np.ndarray | None] = [None] * J
     for k, layer in enumerate(layers):
         block = 1 if k == 0 else _block(layer, layers[k - 1])
         rows = []
