@@ -2,6 +2,8 @@
 (round, simulated time, Γ), so runs are compared at equal rounds, equal time and equal oracle cost."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -59,7 +61,7 @@ def overlay_figure(metric: str, results: list[RunResult], labels: list[str]):
     return fig
 
 
-def compare(run_dirs: list[str | Path], out: str | Path = "report", metrics: list[str] | None = None
+def compare(run_dirs: Sequence[str | Path], out: str | Path = "report", metrics: list[str] | None = None
             ) -> tuple[list[Path], dict[str, list[str]]]:
     """Write compare_<metric>.png into `out` for each metric every run has (or each of `metrics`); returns the
     files written and the metrics skipped, each with the runs that have it. Every directory is checked before

@@ -39,7 +39,7 @@ class StderrHandler(logging.StreamHandler):
     """A StreamHandler that writes to whatever `sys.stderr` is at the time of each record, so a logger configured
     once keeps working after stderr is replaced (pytest's capture, a notebook, a redirected stream)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):
         return sys.stderr
 

@@ -55,7 +55,7 @@ class Wandb(Callback):
 
     def __init__(self, project: str = "raysim", name: str | None = None):
         self.project, self.name = project, name
-        self.run = None
+        self.run: Any = None  # a wandb Run once started (wandb is an optional extra)
 
     def on_run_start(self, run: RunContext) -> None:
         require_extra("wandb", "wandb")
@@ -81,7 +81,7 @@ class Mlflow(Callback):
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_name: str | None = None):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
-        self.client = None
+        self.client: Any = None  # an MlflowClient once started (mlflow is an optional extra)
         self.run_id: str | None = None
 
     def on_run_start(self, run: RunContext) -> None:

@@ -97,7 +97,8 @@ def _columns(dataset, options: HuggingfaceOptions) -> list[str]:
 @register_source("huggingface", options=HuggingfaceOptions)
 def huggingface(cfg: DataConfig, seed: int) -> Source:
     """The saved dataset's feature columns and class labels, its test split (if any) marked."""
-    options: HuggingfaceOptions = cfg.source_options()
+    options = cfg.source_options()
+    assert isinstance(options, HuggingfaceOptions)
     parts = _splits(_load(options), options)
     columns = _columns(parts[0], options)
     xs, ys, shapes = [], [], set()

@@ -168,14 +168,13 @@ def dirichlet_classes(labels: np.ndarray, num_clients: int, cfg: PartitionConfig
     q_i ~ Dir(alpha 1_C); class k goes to client i in proportion q_ik / Σ_j q_jk. Redrawn (up to
     DIRICHLET_TRIES times) while some client has fewer than min_size samples. With `numpy_seed` the draws come
     from np.random.RandomState(numpy_seed) in the code's order: its split under np.random.seed(numpy_seed)."""
-    if cfg.numpy_seed is not None:
-        rng = np.random.RandomState(cfg.numpy_seed)
+    draw: np.random.Generator | np.random.RandomState = rng if cfg.numpy_seed is None else np.random.RandomState(cfg.numpy_seed)
     classes = np.unique(labels)
     ids = np.empty(len(labels), dtype=np.int64)
     for _ in range(DIRICHLET_TRIES):
-        q = rng.dirichlet(np.full(len(classes), cfg.alpha), size=num_clients)
+        q = draw.dirichlet(np.full(len(classes), cfg.alpha), size=num_clients)
         for k, c in enumerate(classes):
-            rows = rng.permutation(np.flatnonzero(labels == c))
+            rows = draw.permutation(np.flatnonzero(labels == c))
             share = q[:, k] / q[:, k].sum()
             cuts = np.floor(np.cumsum(share)[:-1] * len(rows)).astype(np.int64)
             ids[rows] = np.repeat(np.arange(num_clients), np.diff(cuts, prepend=0, append=len(rows)))

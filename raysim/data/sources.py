@@ -150,7 +150,9 @@ def mnist1d(cfg: DataConfig, seed: int) -> Source:
 
     args = get_dataset_args(as_dict=True)
     del args["url"]  # make_dataset never downloads; without the URL nothing could
-    fixed = cfg.source_options().seed
+    options = cfg.source_options()
+    assert isinstance(options, MNIST1DOptions)
+    fixed = options.seed
     args.update(num_samples=cfg.mnist1d_samples, train_split=MNIST1D_TRAIN_SPLIT,
                 seed=int(stream(seed, SETUP, SERVER, "mnist1d").integers(2**31)) if fixed is None else fixed)
     with _global_rng_restored():

@@ -24,7 +24,7 @@ from raysim.errors import DataError
 if TYPE_CHECKING:
     from raysim.data.config import DataConfig
 
-_SCHEMAS = {}  # torchvision's op schemas defined here when its compiled ops do not load (kept alive)
+_SCHEMAS: dict[str, Any] = {}  # torchvision's op schemas defined here when its compiled ops do not load (kept alive)
 
 
 class TorchvisionOptions(BaseModel):
@@ -107,7 +107,8 @@ def _arrays(dataset, what: str) -> tuple[np.ndarray, np.ndarray]:
 @register_source("torchvision", options=TorchvisionOptions)
 def torchvision_dataset(cfg: DataConfig, seed: int) -> Source:
     """The class `options.name` of torchvision.datasets on `options.root`, its splits pooled (test marked)."""
-    options: TorchvisionOptions = cfg.source_options()
+    options = cfg.source_options()
+    assert isinstance(options, TorchvisionOptions)
     torchvision = import_torchvision()
     names = dataset_classes(torchvision)
     if options.name not in names:
