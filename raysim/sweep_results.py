@@ -12,7 +12,7 @@ import numpy as np
 
 from raysim.results import RunResult, write_parquet
 from raysim.sweep_config import SweepConfig
-from raysim.sweep_trial import trial_seed
+from raysim.sweep_trial import trial_run_dir, trial_seed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,16 +35,17 @@ class SweepResult:
     best: pd.Series | None = None
 
 
-def trial_row(result: Any, keys: list[str], metric: str, mode: str, base_seed: int) -> dict:
+def trial_row(result: Any, sweep_dir: Path, keys: list[str], metric: str, mode: str, base_seed: int) -> dict:
     """One row of sweep_results.parquet, read from the trial's own run directory (its run.json status:
     finished, stopped by the scheduler, failed) and Tune's error for trials that never wrote one."""
     import pandas as pd
 
-    trial_dir = Path(result.path)
-    row: dict[str, Any] = {"trial_id": trial_dir.name, **{k: result.config.get(k) for k in keys},
+    trial_id = result.metrics["trial_id"]  # Tune's directory may carry a suffix (raysim.sweep_trial.trial_run_dir)
+    run_dir = trial_run_dir(sweep_dir, trial_id)
+    row: dict[str, Any] = {"trial_id": trial_id, **{k: result.config.get(k) for k in keys},
                            "seed": trial_seed(result.config, base_seed)}
     try:
-        run = RunResult.load(trial_dir / "run")
+        run = RunResult.load(run_dir)
     except FileNotFoundError:
         run = None
     if run is not None and len(run.rounds):
@@ -57,7 +58,7 @@ def trial_row(result: Any, keys: list[str], metric: str, mode: str, base_seed: i
         row["rounds_done"] = 0
     row["status"] = "failed" if result.error or run is None else run.info.get("status", "failed")
     row["error"] = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
-    row["run_dir"] = str(trial_dir / "run")
+    row["run_dir"] = str(run_dir)
     return row
 
 
@@ -86,7 +87,7 @@ def collect(grid: Any, sweep_dir: Path, sweep: SweepConfig, base_seed: int) -> S
     import pandas as pd
 
     keys = list(sweep.space)
-    trials = pd.DataFrame([trial_row(r, keys, sweep.metric, sweep.mode, base_seed) for r in grid])
+    trials = pd.DataFrame([trial_row(r, sweep_dir, keys, sweep.metric, sweep.mode, base_seed) for r in grid])
     write_parquet(trials.to_dict("records"), sweep_dir / "sweep_results.parquet")
     if sweep.seeds == 1:
         return SweepResult(sweep_dir, trials, keys, sweep.metric, sweep.mode,

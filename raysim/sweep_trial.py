@@ -54,6 +54,12 @@ def trial_resources(cfg: ExperimentConfig, cpus: float, gpus: float) -> TrialRes
     return TrialResources([{"CPU": server_cpus}, *[dict(client) for _ in range(n_actors)]], overrides)
 
 
+def trial_run_dir(sweep_dir: str | Path, trial_id: str) -> Path:
+    """A trial's run: `<sweep>/<trial_id>/run`, keyed by the trial id, which a resumed sweep keeps. (Tune's own
+    files of a trial it resumes without having saved its directory name go to `<trial_id>_<suffix>` instead.)"""
+    return Path(sweep_dir) / trial_id / "run"
+
+
 def trial_seed(params: dict, base_seed: int) -> int:
     """The seed of a trial: the experiment's (or the searched) seed plus the trial's repeat index."""
     return int(params.get("seed", base_seed)) + int(params.get(TRIAL_INDEX, 0))
@@ -121,7 +127,7 @@ def run_trial(params: dict, tree: dict, sweep_dir: str, cpus: float, gpus: float
     space = {k: v for k, v in params.items() if k != TRIAL_INDEX}
     cfg = load_config(tree, space)
     layout = trial_resources(cfg, cpus, gpus).overrides
-    run_dir = Path(sweep_dir) / tune.get_context().get_trial_id() / "run"
+    run_dir = trial_run_dir(sweep_dir, tune.get_context().get_trial_id())
     report = TuneReport(metric, mode)
     if (run_dir / "config.yaml").exists():
         if not _done(run_dir):

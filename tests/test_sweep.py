@@ -1,5 +1,6 @@
 """Sweeps: the `sweep:` schema and its up-front checks, trial placement groups, and real Ray Tune
-searches on the session's 2-CPU Ray (concurrent trials in their own placement groups, ASHA)."""
+searches on the session's 2-CPU Ray (concurrent trials in their own placement groups, ASHA, repeats
+over seeds, Optuna, and a sweep whose driver is killed and resumed)."""
 import json
 import pickle
 import signal
@@ -303,13 +304,17 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(seeded_sweep, 
     driver.wait()
     done = finished()
     assert 1 <= len(done) < 4 and not (sweep_dir / "sweep_results.parquet").exists()
-    stamps = {d: (d / "rounds.parquet").stat().st_mtime_ns for d in done}
+    def stamps() -> dict[Path, tuple[int, str]]:
+        return {d: ((d / "rounds.parquet").stat().st_mtime_ns, (d / "run.json").read_text()) for d in done}
+
+    before = stamps()
     assert main(["sweep", "--resume", str(sweep_dir), "-q"]) == 0
-    assert {d: (d / "rounds.parquet").stat().st_mtime_ns for d in done} == stamps  # not run again
+    assert stamps() == before  # not run again, nor resumed
     resumed = pd.read_parquet(sweep_dir / "sweep_results.parquet")
     assert {Path(d) for d in resumed["run_dir"]} >= set(done)
     for _, t in resumed.iterrows():  # Tune (and a searcher) got every trial's final metric, resumed or not
-        last = json.loads((sweep_dir / t["trial_id"] / "result.json").read_text().splitlines()[-1])
+        tune_log = max(sweep_dir.glob(f"{t['trial_id']}*/result.json"), key=lambda p: p.stat().st_mtime_ns)
+        last = json.loads(tune_log.read_text().splitlines()[-1])
         assert last["round"] == 2 and last["test_accuracy"] == t["test_accuracy"]
 
     def table(frame, columns):
