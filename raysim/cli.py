@@ -106,24 +106,32 @@ def export(
 
 @app.command()
 def sweep(
-    config: Path = typer.Argument(..., help="experiment YAML file with a sweep: section"),
+    config: Optional[Path] = typer.Argument(None, help="experiment YAML file with a sweep: section (not with --resume)"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key.sub=value overrides (sweep.* too)"),
     address: Optional[str] = typer.Option(None, help="Ray address (e.g. auto); default starts a local Ray"),
     out: Optional[Path] = typer.Option(None, help="write the sweep exactly here instead of <storage_path>/<name>-<time>"),
+    resume: Optional[Path] = typer.Option(None, help="continue the interrupted sweep in this directory; finished trials are kept"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no Tune progress output, only warnings and errors"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="debug messages too"),
     plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
-    """Run a Ray Tune search over the sweep: section; one simulation per trial."""
+    """Run a Ray Tune search over the sweep: section (or --resume an interrupted one); one simulation per trial."""
+    from raysim.errors import UserError
     from raysim.progress import configure_logging
-    from raysim.sweep import run_sweep, summary_table
+    from raysim.sweep import run_sweep
+    from raysim.sweep_results import summary_table
 
+    if (config is None) == (resume is None):
+        raise UserError("give either CONFIG or --resume SWEEP_DIR" if config is None else
+                        "give either CONFIG or --resume SWEEP_DIR, not both (a resumed sweep uses the config saved with it)")
     quiet = configure_logging(verbose, quiet) > logging.INFO
     _load(plugin)
-    _require_command(config, "sweep", "run")
-    result = run_sweep(config, overrides or [], address=address, out=out, verbose=0 if quiet else 1)
+    if config is not None:
+        _require_command(config, "sweep", "run")
+    result = run_sweep(config, overrides or [], address=address, out=out, resume=resume, verbose=0 if quiet else 1)
     console.print(summary_table(result))
-    console.print(f"results: {result.sweep_dir / 'sweep_results.parquet'}")
+    console.print(f"results: {result.sweep_dir / 'sweep_results.parquet'}"
+                  + (f", {result.sweep_dir / 'sweep_configs.parquet'}" if result.configs is not None else ""))
     if result.best is None:
         raise typer.Exit(1)
 

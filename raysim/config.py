@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -183,13 +184,27 @@ def apply_overrides(tree: dict, overrides: list[str] | dict[str, Any]) -> dict:
     return tree
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's numbers: `1e-6` and `1.5e3` are floats, not the strings YAML 1.1
+    makes of them (a typed field would coerce them, but a sweep's `grid: [1e-6]` would search strings)."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as Python values, exponents as floats (see _Loader)."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """`key.sub=value` as (dotted key, YAML-parsed value)."""
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key.sub=value")
     key, raw = item.split("=", 1)
     try:
-        return key.strip(), yaml.safe_load(raw)
+        return key.strip(), read_yaml(raw)
     except yaml.YAMLError as e:
         raise ConfigError(f"override {key.strip()}: {raw!r} is not a YAML value ({_yaml_problem(e)})") from None
 
@@ -214,7 +229,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
             raise ConfigError(f"config file {str(path)!r} does not exist" if not path.exists()
                               else f"config file {str(path)!r} is not a file")
         try:
-            tree = yaml.safe_load(path.read_text())
+            tree = read_yaml(path.read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             what = _yaml_problem(e) if isinstance(e, yaml.YAMLError) else "not UTF-8 text"
             raise ConfigError(f"not valid YAML: {what}", str(path)) from None
@@ -242,7 +257,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
 def declared_command(path: str | Path) -> str | None:
     """The `command:` a YAML file declares (None when it declares none or cannot be read as a mapping)."""
     try:
-        tree = yaml.safe_load(Path(path).read_text())
+        tree = read_yaml(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None
     command = tree.get("command") if isinstance(tree, dict) else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,6 +74,15 @@ class SchedulerConfig(BaseModel):
     reduction_factor: float = Field(2.0, gt=1, description="ASHA keeps the top 1/reduction_factor at each rung")
 
 
+class SearchConfig(BaseModel):
+    """`basic`: every grid combination and random draws of the other domains (Tune's variant generator);
+    `optuna`: Optuna's TPE sampler proposes each configuration from the results so far (the optuna extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["basic", "optuna"] = "basic"
+
+
 class SweepConfig(BaseModel):
     """The `sweep:` section, read by `raysim sweep` only (`raysim run` ignores it)."""
 
@@ -88,3 +97,24 @@ class SweepConfig(BaseModel):
     trial_cpus: float | None = Field(None, gt=0, description="per trial; default: cluster CPUs / concurrency, else 1")
     trial_gpus: float | None = Field(None, ge=0, description="per trial; default: the same share of GPUs as of CPUs")
     storage_path: str = Field("runs/sweeps", description="sweeps go to <storage_path>/<name>-<time>/")
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    seeds: int = Field(1, ge=1, description="runs of every configuration, with seeds seed, seed+1, ..., seed+seeds-1")
+
+    @field_validator("search")
+    @classmethod
+    def _searchable(cls, search: SearchConfig, info: ValidationInfo) -> SearchConfig:
+        grids = [k for k, d in info.data.get("space", {}).items() if d.grid is not None]
+        if search.kind == "optuna" and grids:
+            raise ValueError(f"optuna proposes every value itself; sweep.space.{grids[0]} is a grid (give it as choice)")
+        return search
+
+    @field_validator("seeds")
+    @classmethod
+    def _repeatable(cls, seeds: int, info: ValidationInfo) -> int:
+        if seeds > 1 and "seed" in info.data.get("space", {}):
+            raise ValueError("every configuration runs over seeds counted from `seed`; sweep.space cannot search seed too")
+        scheduler = info.data.get("scheduler")
+        if seeds > 1 and scheduler is not None and scheduler.kind == "asha":
+            raise ValueError("scheduler asha stops single runs, so a configuration's mean would mix seeds stopped"
+                             " at different rounds (use scheduler fifo with seeds)")
+        return seeds

@@ -63,6 +63,16 @@ def test_overrides_parse_yaml_values():
         load_config(BASE, ["algorithm.lr"])
 
 
+def test_exponents_read_as_floats_where_yaml_1_1_reads_strings(tmp_path):
+    """`1e-6` in a file or an override is a number even in an untyped field such as a sweep's grid."""
+    path = tmp_path / "c.yaml"
+    path.write_text("name: t\ndata: {source: digits, num_clients: 10}\nalgorithm: {name: fedavg, lr: 1e-3}\n"
+                    "sweep: {space: {algorithm.lr: {grid: [1e-6, 2.5E2]}}}\n")
+    assert load_config(path).sweep.space["algorithm.lr"].grid == [1e-6, 250.0]
+    cfg = load_config(path, ["sweep.space={algorithm.lr: {choice: [1e-4, 1.5e+3]}}"])
+    assert cfg.sweep.space["algorithm.lr"].choice == [1e-4, 1500.0] and cfg.algorithm_params().lr == 1e-3
+
+
 def test_missing_file_and_non_mapping(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
