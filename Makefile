@@ -1,8 +1,9 @@
 # raysim: `make demo` installs into .venv and runs the quickstart; `make test` runs the test suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+FLOWER_VENV ?= .venv-flower
 
-.PHONY: setup demo test test-slow typecheck lock report clean
+.PHONY: setup demo test test-slow typecheck lock report clean bench-peers
 
 setup: $(VENV)/.installed
 
@@ -40,6 +41,19 @@ test-slow: setup
 # mypy on the package as installed (also part of `make test`)
 typecheck: setup
 	$(PY) -m pytest tests/test_typing.py -q
+
+# Flower for the peer benchmark, in a virtual environment of its own (flwr pins its own ray), so raysim's
+# dependencies stay clean; torch is the same 2.13.0 CPU build.
+$(FLOWER_VENV)/.installed: benchmarks/flower-constraints.txt
+	python3 -m venv $(FLOWER_VENV)
+	$(FLOWER_VENV)/bin/pip install -q torch==2.13.0
+	$(FLOWER_VENV)/bin/pip install -q -c benchmarks/flower-constraints.txt 'flwr[simulation]==1.42.0'
+	touch $@
+
+# raysim, Flower, the plain torch loop and the vectorized limit on one task, side by side (CPU-heavy, about
+# 15 minutes on 2 idle cores): prints issue 17's table and writes benchmarks/results/peers.md.
+bench-peers: setup $(FLOWER_VENV)/.installed
+	$(PY) benchmarks/speed.py --flower $(FLOWER_VENV)/bin/python --rounds 10 --repeats 3
 
 clean:
 	rm -rf runs .pytest_cache

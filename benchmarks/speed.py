@@ -12,11 +12,19 @@ start-up and memory are its own: start-up is from the process's launch to the fi
 process and all its descendants (Ray's processes for raysim), sampled by a background thread.
 With `--repeats R` every figure is the median of R runs.
 
-Run: python benchmarks/speed.py [--clients 10 100 1000] [--per-round 100] [--rounds 20] [--repeats 3]
+With `--flower PYTHON` (what `make bench-peers` passes: the python of `.venv-flower`, where Flower and its
+own Ray live apart from raysim's) Flower's Simulation Engine runs the same task as a fourth system
+(benchmarks/flower_peer.py): raysim's split, initial weights, selected clients and minibatches are
+exported to a file it reads, so its accuracy must agree with raysim's; its start-up is from its own
+process's launch and its memory the PSS of its process tree (Ray's daemons and ClientApp workers
+included). The peer table of issue 17 is then printed and written to results/peers.md.
+
+Run: python benchmarks/speed.py [--clients 10 100 1000] [--per-round 100] [--rounds 20] [--repeats 3] [--flower PY]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import psutil
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
@@ -42,7 +51,8 @@ from raysim.memory import PeakMemory
 from raysim.models import DTYPES, ParamSpec, build_model
 from raysim.rng import SERVER, stream
 
-SYSTEMS = ("raysim", "sequential", "vectorized")
+SYSTEMS = ("raysim", "flower", "sequential", "vectorized")
+BASE_SYSTEMS = ("raysim", "sequential", "vectorized")  # what runs without --flower
 STEP_PURPOSE = "step"  # the stream a shard hands the client step (raysim/shard.py, ClientShard._steps)
 PLAIN_FEDAVG = {"server_lr": 1.0, "weighting": "samples", "theta0": "model_init", "loss": "ce", "l2": 0.0,
                 "lr_schedule": "constant", "quantizer": "none"}  # what the references implement
@@ -50,6 +60,19 @@ SAMPLE_EVERY_S = 0.5
 ATTEMPTS = 3
 MATCH_TOL = 1e-5
 TARGETS = {"round_vs_vectorized": 1.3, "launch_vs_torch": 2.0, "pss_vs_torch": 2.5}  # issue 17
+FLOWER_SCRIPT = Path(__file__).with_name("flower_peer.py")
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}  # Flower otherwise posts usage events to its servers
+FLOWER_ACC_TOL = 1 / 359  # one of the 359 test samples of digits: Flower sums the clients' weights in reply order
+
+
+def load_flower_peer():
+    """benchmarks/flower_peer.py as a module (numpy and torch only; Flower is imported inside its main)."""
+    if "flower_peer" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("flower_peer", FLOWER_SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["flower_peer"]
 
 
 def experiment(num_clients: int, rounds: int, seed: int = 0, per_round: int | None = None) -> dict:
@@ -91,6 +114,7 @@ class Federation:
         fed = build_federated(cfg.data, cfg.seed, data_dir)
         self.data_s = time.perf_counter() - t0
         self.cfg = cfg
+        self.data = fed
         self.algo = make_algorithm(cfg, fed)
         unlike = {k: v for k, v in PLAIN_FEDAVG.items() if getattr(self.algo.params, k) != v}
         if unlike or self.algo.mu != 0.0:
@@ -121,6 +145,28 @@ class Federation:
 
     def evaluate(self, theta: torch.Tensor) -> dict[str, float]:
         return self.algo.evaluate(ServerState(theta.numpy()), self.eval)
+
+    def flower_task(self):
+        """The task as Flower's side reads it (flower_peer.Task): raysim's pooled training rows and each
+        client's row indices, initial weights, and every round's clients and minibatches (-1 pads)."""
+        peer = load_flower_peer()
+        client_id = pq.read_table(self.data.train_path, columns=["client_id"]).column("client_id").to_numpy()
+        init = self.spec.unflatten(torch.tensor(self.algo.init().params, dtype=self.dtype))
+        selected, batches = [], []
+        for t in range(1, self.cfg.algorithm.rounds + 1):
+            chosen = self.chosen(t)
+            plans = self.plans(t, chosen)
+            padded = np.full((len(plans), max(len(p.idx) for p in plans), max(p.idx.shape[1] for p in plans)), -1)
+            for i, p in enumerate(plans):
+                padded[i, : p.idx.shape[0], : p.idx.shape[1]] = np.where(p.w > 0, p.idx, -1)
+            selected.append(chosen)
+            batches.append(padded)
+        return peer.Task(
+            train_x=self.eval.train_x.numpy(), train_y=self.eval.train_y.numpy(),
+            client_rows=[np.flatnonzero(client_id == c) for c in range(len(self.x))],
+            test_x=self.eval.test_x.numpy(), test_y=self.eval.test_y.numpy(),
+            names=list(self.spec.names), init=[v.numpy() for v in init.values()], lr=float(self.algo.params.lr),
+            selected=selected, batches=batches)
 
 
 class Sequential:
@@ -209,6 +255,12 @@ class Measurement:
     test_loss: float
     train_loss: float
 
+    @property
+    def ready_s(self) -> float:
+        """From the launch to round 1 done, less a steady round: every one-time cost, including those that
+        fall into round 1 (Flower starts Ray and its workers while round 1 is under way; vmap's first trace)."""
+        return self.launch_s + self.first_round_s - self.round_s
+
 
 class RoundClock:
     """Real (perf_counter and epoch) and CPU (process tree) seconds at the end of each round; `mark` is an `on_round` callback."""
@@ -221,6 +273,12 @@ class RoundClock:
     def mark(self, *_) -> None:
         self.wall.append(time.perf_counter())
         self.epoch.append(time.time())
+        self.cpu.append(tree_cpu_seconds())
+
+    def mark_at(self, epoch: float) -> None:
+        """A mark another process timed (at epoch second `epoch`); CPU seconds are read now."""
+        self.wall.append(epoch)
+        self.epoch.append(epoch)
         self.cpu.append(tree_cpu_seconds())
 
 
@@ -252,12 +310,61 @@ def run_raysim(cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, 
     return metrics, clock, result.info, clock.wall[0] - (t0 + result.info["startup_s"])
 
 
+def run_flower(python: str, cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, float, float, PeakMemory]:
+    """Export the task, then run benchmarks/flower_peer.py under `python` with the memory sampler on its
+    process tree: (final metrics, clock marked at round 1 begun and after each round, launch epoch
+    second, epoch second of its task read, sampler)."""
+    task = workdir / "flower-task.npz"
+    load_flower_peer().write_task(task, Federation(cfg, workdir / "data").flower_task())
+    log = workdir / "flower.log"
+    clock, metrics, ready = RoundClock(), {}, None
+    with open(log, "w") as err:
+        launched = time.time()
+        proc = subprocess.Popen([python, str(FLOWER_SCRIPT), str(task)], stdout=subprocess.PIPE, stderr=err, text=True,
+                                env={**os.environ, **FLOWER_ENV})
+        root = psutil.Process(proc.pid)
+
+        def tree() -> list[psutil.Process]:
+            try:
+                return [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return []
+
+        with PeakMemory(tree, interval=SAMPLE_EVERY_S) as sampler:
+            prefix = load_flower_peer().EVENT_PREFIX
+            for line in proc.stdout:
+                if not line.startswith(prefix):
+                    continue
+                event = json.loads(line[len(prefix):])
+                if event["event"] == "ready":
+                    ready = event["t"]
+                    continue
+                clock.mark_at(event["t"])
+                if event["event"] == "round":
+                    metrics = event
+            code = proc.wait()
+    if code != 0 or len(clock.wall) != cfg.algorithm.rounds + 1:
+        raise RuntimeError(f"Flower exited with status {code} after {len(clock.wall)} events; its log: {log}\n"
+                           + "\n".join(log.read_text().splitlines()[-20:]))
+    return metrics, clock, launched, ready, sampler
+
+
 def measure(system: str, num_clients: int, per_round: int, rounds: int, seed: int, workdir: Path,
-            launched: float) -> Measurement:
+            launched: float, flower: str | None = None) -> Measurement:
     """Run one system in this process (launched at epoch second `launched`) with the memory sampler
-    on; writes the final parameters of a reference."""
+    on; writes the final parameters of a reference. Flower runs in a child process under the python
+    `flower`, launched and measured here."""
     torch.set_num_threads(1)
     cfg = load_config(experiment(num_clients, rounds, seed, per_round))
+    if system == "flower":
+        metrics, clock, launched, ready, sampler = run_flower(flower, cfg, workdir)
+        wall, cpu = np.diff(clock.wall)[1:], np.diff(clock.cpu)[1:]
+        steady = float(np.median(wall))  # Flower starts Ray and its workers while round 1 is under way:
+        startup = clock.epoch[1] - steady - ready  # its start-up is round 1's excess over a steady round
+        return Measurement(system, num_clients, rounds, clock.epoch[0] - launched, startup, 0.0, 0.0,
+                           clock.wall[1] - clock.wall[0], steady, float(np.mean(cpu)),
+                           sampler.peak / 2**20, sampler.processes, metrics["test_accuracy"], metrics["test_loss"],
+                           metrics["train_loss"])
     with PeakMemory(process_tree, interval=SAMPLE_EVERY_S) as sampler:
         if system == "raysim":
             metrics, clock, info, first = run_raysim(cfg, workdir)
@@ -277,13 +384,15 @@ def measure(system: str, num_clients: int, per_round: int, rounds: int, seed: in
                        metrics["train_loss"])
 
 
-def measure_in_subprocess(system: str, num_clients: int, per_round: int, rounds: int, seed: int, workdir: Path) -> Measurement:
+def measure_in_subprocess(system: str, num_clients: int, per_round: int, rounds: int, seed: int, workdir: Path,
+                          flower: str | None = None) -> Measurement:
     """`measure` in a fresh Python process, so start-up and memory are that system's alone."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / f"{system}.json"
     for attempt in range(1, ATTEMPTS + 1):
         cmd = [sys.executable, __file__, "--one", system, "--clients", str(num_clients), "--per-round", str(per_round),
-               "--rounds", str(rounds), "--seed", str(seed), "--workdir", str(workdir), "--launched", repr(time.time())]
+               "--rounds", str(rounds), "--seed", str(seed), "--workdir", str(workdir), "--launched", repr(time.time()),
+               *(["--flower", flower] if flower else [])]
         if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode == 0:
             break
         print(f"{system} at {num_clients} clients failed (attempt {attempt} of {ATTEMPTS}; on an overloaded machine"
@@ -312,6 +421,36 @@ def ratios(rows: list[Measurement]) -> list[dict]:
     return out
 
 
+def peer_table(rows: list[Measurement], per_round: int) -> list[str]:
+    """Issue 17's table from this run: per client count, seconds per steady round, start-up (`ready_s`), summed
+    PSS and final test accuracy of raysim, Flower, the torch loop and the limit, with their ratios."""
+    by = {(m.system, m.clients): m for m in rows}
+    lines = [
+        "| clients (per round) | s/round raysim | Flower | torch | limit | raysim / limit | Flower / raysim |"
+        " start-up s raysim / Flower / torch | start-up / torch: raysim, Flower | summed PSS MB raysim / Flower / torch |"
+        " PSS / torch: raysim, Flower | test acc raysim / Flower / torch / limit |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in sorted({m.clients for m in rows}):
+        r, f, t, v = (by[(s, n)] for s in SYSTEMS)
+        lines.append(
+            f"| {n} ({min(per_round, n)}) | {r.round_s:.3f} | {f.round_s:.3f} | {t.round_s:.3f} | {v.round_s:.3f} |"
+            f" {r.round_s / v.round_s:.2f}x | {f.round_s / r.round_s:.1f}x |"
+            f" {r.ready_s:.1f} / {f.ready_s:.1f} / {t.ready_s:.1f} | {r.ready_s / t.ready_s:.2f}x, {f.ready_s / t.ready_s:.2f}x |"
+            f" {r.peak_pss_mb:.0f} / {f.peak_pss_mb:.0f} / {t.peak_pss_mb:.0f} |"
+            f" {r.peak_pss_mb / t.peak_pss_mb:.2f}x, {f.peak_pss_mb / t.peak_pss_mb:.2f}x |"
+            f" {r.test_accuracy:.4f} / {f.test_accuracy:.4f} / {t.test_accuracy:.4f} / {v.test_accuracy:.4f} |")
+    return lines
+
+
+def flower_gap(rows: list[Measurement]) -> tuple[float, float]:
+    """The largest |Flower - raysim| over client counts of final test accuracy and of test loss."""
+    by = {(m.system, m.clients): m for m in rows}
+    pairs = [(by[("flower", n)], by[("raysim", n)]) for n in {m.clients for m in rows}]
+    return (max(abs(f.test_accuracy - r.test_accuracy) for f, r in pairs),
+            max(abs(f.test_loss - r.test_loss) for f, r in pairs))
+
+
 def targets(rows: list[Measurement], table: list[dict]) -> list[tuple[str, str, bool]]:
     """The targets as (target, measured, met): ratios to the plain torch loop and to the vectorized limit, from this run."""
     by = {(m.system, m.clients): m for m in rows}
@@ -338,6 +477,12 @@ def machine() -> str:
             " 1 torch thread per process")
 
 
+def flower_versions(python: str) -> str:
+    """Flower's and its Ray's versions in the environment of `python`."""
+    code = "from importlib.metadata import version as v; print(f'flwr {v(\"flwr\")}, its ray {v(\"ray\")}')"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def median_of(runs: list[Measurement]) -> Measurement:
     """One Measurement whose every number is the median over `runs` of the same system and size."""
     first = asdict(runs[0])
@@ -347,19 +492,43 @@ def median_of(runs: list[Measurement]) -> Measurement:
 
 def markdown(rows: list[Measurement], table: list[dict], checks: list[tuple[str, str, bool]], args: argparse.Namespace,
              load: list[float]) -> str:
-    """The results page: the systems table, the ratios and the targets."""
+    """The results page: with Flower, issue 17's peer table first; then the systems table, the ratios and the targets."""
+    peers = any(m.system == "flower" for m in rows)
     lines = [
+        "# Peers: raysim against Flower, a sequential torch loop and the vectorized limit" if peers else
         "# Speed: raysim against a sequential torch loop and the vectorized limit",
         "",
         f"FedAvg, MLP [64] float32 on digits, Dirichlet(0.5), {args.per_round} clients a round (all when fewer),"
         f" 1 local epoch, batch 10, lr 0.05, {args.rounds} rounds, evaluation every round, medians of {args.repeats}"
-        f" run(s); `python benchmarks/speed.py`. {machine()}; the machine is shared,"
+        f" run(s); `{'make bench-peers' if peers else 'python benchmarks/speed.py'}`. {machine()}; the machine is shared,"
         " so seconds are noisy: compare ratios from one run. launch s: from the process's launch to round 1 begun"
-        " (imports and data included); start-up s: Ray up and actors ready (raysim) or data read into tensors"
-        " (references); round s: median of rounds 2.., first round apart;"
+        " (imports and data included); start-up s: Ray up and actors ready (raysim), data read into tensors"
+        " (references), or from its data read to round 1 done, less a steady round (Flower, which starts Ray and"
+        " its workers while round 1 is under way); round s: median of rounds 2.., first round apart;"
         " peak PSS: summed over the process and its descendants."
         f" Load average (1 min) at the start and end of the run: {load[0]:.1f}, {load[1]:.1f}.",
         "",
+    ]
+    if peers:
+        acc, loss = flower_gap(rows)
+        lines += [
+            f"Flower ({flower_versions(args.flower)}) runs its Simulation Engine (`run_simulation`, Ray backend,"
+            f" {load_flower_peer().RAY_CPUS} CPUs, {load_flower_peer().CLIENT_CPUS} CPU per ClientApp: two ClientApp"
+            " workers, as raysim runs two client actors; one supernode per client; telemetry off) on the task raysim"
+            " exports: its split (each client's rows), initial weights, each round's clients (FedAvg's plan, sent by"
+            " a configure_train that names the client in the message) and each client's minibatches in raysim's"
+            " order, trained with torch.optim.SGD; Flower's own FedAvg aggregates. Its launch reads the exported"
+            " arrays instead of building the data. Flower begins round 1 before Ray and its ClientApp workers are"
+            " up, so start-up here is, for every system, from the launch to round 1 done, less a steady round (the"
+            " systems table below has launch to round 1 begun and the first round apart). Flower's PSS is summed"
+            " over its process tree (Ray's daemons and workers included)."
+            f" Final test accuracy Flower - raysim: at most {acc:.1e} (tolerance {FLOWER_ACC_TOL:.1e}, one test"
+            f" sample; Flower sums the clients' float32 weights in reply order); test loss at most {loss:.1e}.",
+            "",
+            *peer_table(rows, args.per_round),
+            "",
+        ]
+    lines += [
         "| system | clients | launch s | start-up s | first round s | round s | CPU s / round | peak PSS MB | processes |"
         " test acc | test loss |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -388,14 +557,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=1, help="runs of each system and size; figures are their medians")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS,
+                    help="default: raysim, sequential and vectorized, and flower with --flower")
+    ap.add_argument("--flower", help="python of the virtual environment with Flower (make bench-peers builds .venv-flower)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.systems is None:
+        args.systems = [s for s in SYSTEMS if s in BASE_SYSTEMS or args.flower]
+    if "flower" in args.systems and not args.flower:
+        ap.error("--systems flower needs --flower PYTHON (make bench-peers builds .venv-flower)")
     if args.one:
-        m = measure(args.one, args.clients[0], args.per_round, args.rounds, args.seed, args.workdir, args.launched)
+        m = measure(args.one, args.clients[0], args.per_round, args.rounds, args.seed, args.workdir, args.launched,
+                    args.flower)
         (args.workdir / f"{args.one}.json").write_text(json.dumps(asdict(m)))
         return
     if args.rounds < 2:
@@ -406,8 +582,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="raysim-speed-") as tmp:
         for n in args.clients:
             for system in args.systems:
-                m = median_of([measure_in_subprocess(system, n, args.per_round, args.rounds, args.seed, Path(tmp) / str(n))
-                               for _ in range(args.repeats)])
+                m = median_of([measure_in_subprocess(system, n, args.per_round, args.rounds, args.seed, Path(tmp) / str(n),
+                                                     args.flower) for _ in range(args.repeats)])
                 rows.append(m)
                 print(f"{system:>10} {n:>5} clients: launch to round 1 {m.launch_s:.2f} s, round {m.round_s:.4f} s"
                       f" ({m.cpu_round_s:.4f} CPU s),"
@@ -418,18 +594,23 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{'':>10} {n:>5} clients: max |params sequential - vectorized| = {diff:.1e}", flush=True)
                 assert diff < MATCH_TOL, f"references disagree at {n} clients: {diff:.1e}"
     load.append(os.getloadavg()[0])
-    if set(args.systems) != set(SYSTEMS):
+    if not set(BASE_SYSTEMS) <= set(args.systems):
         return
     table = ratios(rows)
     checks = targets(rows, table)
     text = markdown(rows, table, checks, args, load)
     print(text)
+    name = "peers" if "flower" in args.systems else "speed"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "speed.md").write_text(text)
-    pd.DataFrame([asdict(m) for m in rows]).to_parquet(args.out / "speed.parquet", index=False)
+    (args.out / f"{name}.md").write_text(text)
+    pd.DataFrame([asdict(m) for m in rows]).to_parquet(args.out / f"{name}.parquet", index=False)
     worst = max(r["max |acc - raysim|"] for r in table)
     print(f"final test accuracy: references - raysim at most {worst:.1e} (tolerance {MATCH_TOL:g})")
     assert worst <= MATCH_TOL, f"final test accuracy differs from raysim's by {worst:.1e} (> {MATCH_TOL:g})"
+    if "flower" in args.systems:
+        acc, loss = flower_gap(rows)
+        print(f"final test accuracy: Flower - raysim at most {acc:.1e} (tolerance {FLOWER_ACC_TOL:.1e}); test loss {loss:.1e}")
+        assert acc <= FLOWER_ACC_TOL, f"Flower's final test accuracy differs from raysim's by {acc:.1e} (> {FLOWER_ACC_TOL:.1e})"
 
 
 if __name__ == "__main__":

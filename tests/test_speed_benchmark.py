@@ -1,15 +1,19 @@
 """The speed benchmark's references (benchmarks/speed.py) compute what raysim computes: the plain
 torch loop and its torch.func vectorization agree on the parameters, and raysim's metrics after a
-round equal theirs. The timings themselves are not tested."""
+round equal theirs. Flower's side (benchmarks/flower_peer.py) reads raysim's split, initial weights,
+clients and minibatches from the task file, and its client loop gives raysim's numbers; Flower itself
+is not installed here (it has its own environment, `make bench-peers`). The timings are not tested."""
 import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import raysim
 from raysim.config import load_config
+from raysim.data import read_clients
 
 TOL = 1e-5
 
@@ -60,3 +64,50 @@ def test_with_partial_participation_the_references_train_the_clients_raysim_sele
         _, metrics, _, _ = speed.run_reference(system, load_config(cfg), tmp_path / system)
         for key in ("test_accuracy", "test_loss", "train_loss"):
             assert abs(row[key] - metrics[key]) <= TOL, (system, key, row[key], metrics[key])
+
+
+@pytest.fixture(scope="module")
+def flower_case(tmp_path_factory):
+    """raysim's run of 10 clients, 4 a round, 2 rounds (local backend) and the task file Flower's side reads."""
+    cfg = speed.experiment(10, 2, per_round=4)
+    work = tmp_path_factory.mktemp("peers")
+    result = raysim.run(cfg, out=work / "raysim", backend="local")
+    fed = speed.Federation(load_config(cfg), work / "data")
+    peer = speed.load_flower_peer()
+    peer.write_task(work / "task.npz", fed.flower_task())
+    return result, fed, peer, peer.read_task(work / "task.npz")
+
+
+def test_the_flower_task_holds_raysims_split_initial_weights_and_selection(flower_case):
+    result, fed, peer, task = flower_case
+    own = read_clients(result.run_dir / "data" / "train.parquet", range(10))
+    assert task.num_clients == 10
+    for c in range(10):
+        x, y = task.client(c)
+        assert np.array_equal(x, own[c][0]) and np.array_equal(y, own[c][1])
+    model = peer.build_model(task)
+    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+    assert np.array_equal(flat, fed.algo.init().params.astype(flat.dtype))
+    assert task.rounds == 2
+    for t in (1, 2):
+        assert sorted(task.selected[t - 1]) == sorted(result.clients.query("round == @t").client_id)
+        for c, plan in zip(fed.chosen(t), fed.plans(t, fed.chosen(t))):
+            steps = task.plan(t, int(c))
+            assert [list(s[s >= 0]) for s in steps if (s >= 0).any()] == [list(i[w > 0]) for i, w in zip(plan.idx, plan.w)]
+
+
+def test_the_flower_client_loop_gives_raysims_rounds(flower_case):
+    """Each selected client trained by the Flower ClientApp's loop, averaged by samples as Flower's FedAvg
+    does, then evaluated by its server: raysim's metrics, round after round."""
+    result, _, peer, task = flower_case
+    model = peer.build_model(task)
+    state = peer.initial_state(task)
+    for t in (1, 2):
+        chosen = task.selected[t - 1]
+        sizes = np.array([len(task.client(int(c))[1]) for c in chosen], dtype=np.float64)
+        trained = [peer.train_client(model, state, *task.client(int(c)), task.plan(t, int(c)), task.lr) for c in chosen]
+        state = {n: sum(float(w / sizes.sum()) * s[n] for w, s in zip(sizes, trained)) for n in state}
+        metrics = peer.evaluate(model, state, task)
+        row = result.rounds.query("round == @t").iloc[0]
+        for key in ("test_accuracy", "test_loss", "train_loss"):
+            assert abs(row[key] - metrics[key]) <= TOL, (t, key, row[key], metrics[key])
