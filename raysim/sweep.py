@@ -37,6 +37,7 @@ def check_space(cfg: ExperimentConfig) -> list[ExperimentConfig]:
     from raysim.config import load_config
     from raysim.errors import ConfigError
 
+    assert cfg.sweep is not None, "check_space needs a sweep section"
     tree = base_tree(cfg)
     rng = np.random.default_rng(cfg.seed)
     configs, problems = [], []
@@ -105,7 +106,7 @@ def run_sweep(config: str | Path | dict | None, overrides: list[str] | dict | No
     """
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
     from raysim import plugins
     from raysim.config import dump_config, load_config
@@ -113,7 +114,12 @@ def run_sweep(config: str | Path | dict | None, overrides: list[str] | dict | No
     from raysim.runner import ensure_ray
 
     sweep_dir = _sweep_dir(resume) if resume is not None else None
-    cfg = load_config(sweep_dir / "config.yaml" if sweep_dir else config, None if sweep_dir else overrides)
+    if sweep_dir is not None:
+        cfg = load_config(sweep_dir / "config.yaml")
+    elif config is None:
+        raise ConfigError("sweep: give the experiment's config, or resume=SWEEP_DIR (raysim sweep --resume DIR)")
+    else:
+        cfg = load_config(config, overrides)
     if cfg.sweep is None:
         raise ConfigError("sweep: the experiment has no sweep section (space:, metric:, mode:, ...)")
     sweep = cfg.sweep
@@ -141,6 +147,7 @@ def run_sweep(config: str | Path | dict | None, overrides: list[str] | dict | No
         if resume is not None:
             tuner = tune.Tuner.restore(str(sweep_dir), trainable)
         else:
+            scheduler: TrialScheduler
             if sweep.scheduler.kind == "asha":
                 scheduler = ASHAScheduler(time_attr="round", max_t=max(p.algorithm.rounds for p in points),
                                           grace_period=sweep.scheduler.grace_period,

@@ -117,7 +117,7 @@ def summary_table(result: SweepResult) -> Table:
     from rich.table import Column, Table
 
     m, by_config = result.metric, result.configs is not None
-    rows = result.configs if by_config else result.trials
+    rows = result.configs if result.configs is not None else result.trials
     rank = f"{m}_mean" if by_config else m
     head = ["seeds"] if by_config else [Column("trial", no_wrap=True), "status"]
     table = Table(*head, *result.keys, "rounds", m, f"best {m}", "sim_time",
