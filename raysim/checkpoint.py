@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raysim.results import atomic_write_bytes, write_text
+from raysim.atomic import atomic_write_bytes, write_text
 
 KEEP = 2  # complete checkpoints kept on disk
 

@@ -15,7 +15,7 @@ from raysim import checkpoint
 from raysim.config import ExperimentConfig, load_config
 from raysim.data import FederatedData, build_federated
 from raysim.errors import RunDirError
-from raysim.results import atomic_write_bytes, write_text
+from raysim.atomic import atomic_write_bytes, write_text
 
 FEDERATED_JSON = "federated.json"
 

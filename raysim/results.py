@@ -2,18 +2,16 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from raysim.atomic import write_parquet, write_text
 from raysim.errors import RunDirError
 
 if TYPE_CHECKING:
@@ -25,31 +23,6 @@ HOST_COLUMNS = ("wall_s", "round_wall_s", "client_cpu_s", "cpu_s", "actor_restar
 def reproducible(table: pd.DataFrame) -> pd.DataFrame:
     """A rounds or clients table without its HOST_COLUMNS: what runs with the same seed must reproduce exactly."""
     return table.drop(columns=[c for c in HOST_COLUMNS if c in table.columns])
-
-
-def atomic_write_bytes(path: Path, write: Callable[[str], object]) -> None:
-    """Write through `write(tmp_path)` to a temporary file beside `path`, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
-    """Rows as a Parquet table, atomically: a crash never leaves a half-written file. The columns are
-    every key of any row (null where a row lacks it, e.g. metrics of rounds between evaluations)."""
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    table = pa.table({k: [r.get(k) for r in rows] for k in keys})
-    atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
-
-
-def write_text(text: str, path: Path) -> None:
-    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
@@ -99,6 +72,13 @@ class RunResult:
         parts = sorted(clients_path.glob("round-*.parquet")) if clients_path.is_dir() else []
         clients = _read_parts(parts) if parts else pd.DataFrame()
         return cls(run_dir, pd.read_parquet(run_dir / "rounds.parquet"), clients, info)
+
+    def model(self, best: bool = False) -> Any:
+        """The trained model (an nn.Module for torch families, else {name: array}) after the newest checkpoint, or
+        after the best round the best_model callback kept; see `raysim.export.trained_model`."""
+        from raysim.export import trained_model  # torch and the run's family: only when a model is asked for
+
+        return trained_model(self.run_dir, best).model
 
 
 class RunWriter:

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.contract import Cost
 from raysim.errors import ConfigError, RunDirError
-from raysim.results import RunResult, atomic_write_bytes, new_run_dir, write_text
+from raysim.results import RunResult, new_run_dir
+from raysim.atomic import atomic_write_bytes, write_text
 from raysim.system import Ledger, SystemModel
 
 CLIENT_COSTS = ("oracle_calls", "oracle_batches", "upload_vectors", "upload_bytes")

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raysim.results import new_run_dir, write_text
+from raysim.results import new_run_dir
+from raysim.atomic import write_text
 from raysim.sweep_config import SweepConfig
 from raysim.sweep_results import SweepResult, collect
 from raysim.sweep_search import check_search, param_space, search_algorithm

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raysim.results import RunResult, write_parquet
+from raysim.results import RunResult
+from raysim.atomic import write_parquet
 from raysim.sweep_config import SweepConfig
 from raysim.sweep_trial import trial_run_dir, trial_seed
 

@@ -125,7 +125,7 @@ def write_run(run_dir, rounds=150, name="synthetic", speed=1.0, metrics=("test_a
     the last (test_accuracy and test_loss as learning curves that `speed` scales, any other name = the round)."""
     import yaml
 
-    from raysim.results import write_parquet, write_text
+    from raysim.atomic import write_parquet, write_text
 
     rng = np.random.default_rng(seed)
     rows, sim_time = [], 0.0

@@ -42,6 +42,7 @@ def test_exported_state_dict_scores_the_runs_last_test_accuracy(run, tmp_path):
     module = build_model(cfg.model, (64,), (1, 8, 8), 10)
     module.load_state_dict(torch.load(tmp_path / "m.pt"))
     assert accuracy(module, run.run_dir) == run.rounds["test_accuracy"].iloc[-1]
+    assert accuracy(run.model(), run.run_dir) == run.rounds["test_accuracy"].iloc[-1]  # RunResult.model(): the module
     torch.manual_seed(0)  # the untrained weights, fixed whatever ran before in this process
     untrained = build_model(cfg.model, (64,), (1, 8, 8), 10)
     assert accuracy(untrained, run.run_dir) < run.rounds["test_accuracy"].iloc[-1] - 0.1

@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from raysim.results import write_parquet
+from raysim.atomic import write_parquet
 
 
 def test_columns_of_later_rows_are_kept(tmp_path):

@@ -24,7 +24,7 @@ from raysim.config import ExperimentConfig, load_config
 from raysim.data import build_federated, read_table_arrays
 from raysim.experiment import make_algorithm
 from raysim.models import ParamSpec
-from raysim.results import atomic_write_bytes, write_text
+from raysim.atomic import atomic_write_bytes, write_text
 
 FEDAVG_FAMILY = ("fedavg", "fedprox")
 DEFAULT_B = (1, 5, 10, 20, 50)

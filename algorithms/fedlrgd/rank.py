@@ -28,7 +28,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raysim.models import ParamSpec
-from raysim.results import atomic_write_bytes, write_text
+from raysim.atomic import atomic_write_bytes, write_text
 from raysim.rng import SERVER, SETUP, torch_stream
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -7,7 +7,7 @@ import math
 from raysim import checkpoint
 from raysim.callbacks.base import Callback, RunContext, ServerView
 from raysim.errors import ConfigError
-from raysim.results import write_text
+from raysim.atomic import write_text
 
 
 class MetricWatch(Callback):

@@ -24,7 +24,7 @@ from raysim.data.config import DataConfig
 from raysim.data.partition import NATURAL, apportion_rows, partition, sample_per_group
 from raysim.data.sources import load_source
 from raysim.errors import DataError
-from raysim.results import atomic_write_bytes
+from raysim.atomic import atomic_write_bytes
 from raysim.rng import SERVER, SETUP, stream
 
 ROW_GROUP_BYTES = 1 << 20

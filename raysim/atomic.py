@@ -1,0 +1,37 @@
+"""Files written atomically: through a temporary file beside the target, renamed over it, so a crash never
+leaves a half-written table, checkpoint or config."""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def atomic_write_bytes(path: Path, write: Callable[[str], object]) -> None:
+    """Write through `write(tmp_path)` to a temporary file beside `path`, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+    """Rows as a Parquet table, atomically: a crash never leaves a half-written file. The columns are
+    every key of any row (null where a row lacks it, e.g. metrics of rounds between evaluations)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    table = pa.table({k: [r.get(k) for r in rows] for k in keys})
+    atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def write_text(text: str, path: Path) -> None:
+    atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text))
