@@ -20,7 +20,8 @@ from raysim.errors import ConfigError, DivergenceError, RunDirError, UserError
 from raysim.experiment import Experiment
 from raysim.local import LocalServer
 from raysim.progress import LOGGER, RunProgress
-from raysim.results import RunResult, RunWriter, new_run_dir, write_text
+from raysim.results import RunResult, RunWriter, new_run_dir
+from raysim.atomic import write_text
 
 
 def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
@@ -72,6 +73,9 @@ def _check_finite(row: dict) -> None:
                               "the run diverged (try a smaller algorithm.lr). Finished rounds are saved.")
 
 
+RUNS_ROOT = Path("runs")  # where a run without --out goes, relative to the working directory
+
+
 def _first_new_parent(path: Path) -> Path | None:
     """The outermost directory that creating `path` would make (None: `path` exists already)."""
     new = None
@@ -112,8 +116,13 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
             raise ConfigError("no config given: pass a YAML path, a dict or an ExperimentConfig (None only with resume=)")
         done = 0
         cfg = load_config(config, items)
-        run_dir = Path(out) if out is not None else new_run_dir(cfg.name)
-        created = _first_new_parent(run_dir)
+        if out is not None:
+            run_dir = Path(out)
+            created = _first_new_parent(run_dir)
+        else:  # new_run_dir makes runs/<name>-<time>/ (and runs/ when it is new)
+            created = _first_new_parent(RUNS_ROOT)
+            run_dir = new_run_dir(cfg.name, RUNS_ROOT)
+            created = created or run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
     write_text(dump_config(cfg), run_dir / "config.yaml")
     writer = RunWriter(run_dir, resume_round=done if resume is not None else None)

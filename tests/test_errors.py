@@ -119,3 +119,13 @@ def test_the_installed_command_answers_in_one_line_and_debug_shows_the_traceback
     assert not (tmp_path / "r").exists()
     debug = subprocess.run([*args, "--debug"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "DataError" in debug.stderr
+
+
+def test_a_mistake_without_out_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
+    """Without --out a run goes to runs/<name>-<time>/: a data error removes it, and runs/ too when the run made it."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", QUICK, "data.num_clients=5000"]) == 2
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs").mkdir()
+    assert main(["run", QUICK, "data.num_clients=5000"]) == 2
+    assert list((tmp_path / "runs").iterdir()) == [] and "data.num_clients" in capsys.readouterr().err
