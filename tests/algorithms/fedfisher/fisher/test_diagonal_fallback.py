@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.fedfisher.fisher import FisherEstimate, diagonal_fisher, fisher_partition, kfac_fisher
+from raysim.algorithms.fedfisher.fisher import (FisherEstimate, curvature_layers, diagonal_fisher, fisher_partition,
+                                               kfac_fisher)
 from raysim.models import ParamSpec
 
 REST = ["scale", "bn.weight", "bn.bias", "ln.weight", "ln.bias"]
@@ -99,3 +100,10 @@ def test_kfac_carries_the_same_diagonal_for_parameters_outside_its_layers():
     for name in REST:
         np.testing.assert_allclose(kfac.diagonal[name], diag[name].numpy(), rtol=1e-12, atol=1e-15)
     assert kfac.floats == 7**2 + 5**2 + 5**2 + 4**2 + 4 + 4 * 5
+
+
+def test_the_layer_by_layer_methods_still_refuse_parameters_outside_the_layers():
+    """OTFusion, PFNM and RegMean take `curvature_layers`, which names the uncovered parameters in one line."""
+    with pytest.raises(ValueError, match=r"parameters \['scale', 'bn.weight', 'bn.bias', 'ln.weight', 'ln.bias'\] are "
+                                         r"not in a Linear/Conv1d/Conv2d layer: this method works layer by layer"):
+        curvature_layers(net())
