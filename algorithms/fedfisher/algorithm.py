@@ -2,8 +2,9 @@
 the clients' Fisher information.
 
 Each client trains E epochs from W0 and uploads (W_i, F_i) with F_i its diagonal true Fisher
-(`fisher: diag`) or its K-FAC factors (`fisher: kfac`), compressed as App. C when `compression` is not
-`none` (§2.5: quantized weights and Fisher, low-rank K-FAC factors; Cost counts the bits). The server minimizes
+(`fisher: diag`) or its K-FAC factors (`fisher: kfac`; parameters outside Linear/Conv layers get a diagonal
+block, §8.8; the Fisher is taken in eval mode, BatchNorm on its running statistics), compressed as App. C when
+`compression` is not `none` (§2.5: quantized weights and Fisher, low-rank K-FAC factors; Cost counts the bits). The server minimizes
 Φ(W) = ½ Σ p_i (W − W_i)^T F_i (W − W_i) from W̄ = Σ p_i W_i with the code's Adam variant (lr 0.01,
 betas 0.9/0.99, ε 0.01, 2000 steps) and returns the best iterate on the 500-sample validation set
 every 100 steps (§2.6). `rounds > 1` is the few-shot extension of Fig. 2 (§8.10).
@@ -18,7 +19,7 @@ import torch
 from pydantic import Field
 
 from raysim.algorithms.fedfisher.baselines import FisherStatsParams, LocalModel, OneShot
-from raysim.algorithms.fedfisher.fisher import KFAC, FisherEstimate, FisherType, curvature_layers, diagonal_fisher, kfac_fisher
+from raysim.algorithms.fedfisher.fisher import KFAC, FisherEstimate, FisherType, diagonal_fisher, fisher_partition, kfac_fisher
 from raysim.algorithms.fedfisher.fisher.compress import CompressionKind, Compression
 from raysim.contract import ClientData, Cost
 from raysim.algorithms.fedfisher.merge.average import weighted_average
@@ -51,8 +52,8 @@ class FedFisher(OneShot):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        try:  # a model with parameters outside Linear/Conv layers fails here, before any client trains
-            curvature_layers(self.module)
+        try:  # a convolution the Fisher does not cover fails here, before any client trains
+            fisher_partition(self.module)
         except ValueError as e:
             raise ValueError(f"model.name: {e}") from None
         p = self.params

@@ -1,9 +1,9 @@
-"""Fisher information of torch classifiers: the exact diagonal and K-FAC factors (specs/fedfisher.md §2.3),
-and their compression for upload (App. C, §2.5)."""
+"""Fisher information of torch classifiers: the exact diagonal and K-FAC factors (specs/fedfisher.md §2.3) with a
+diagonal for parameters outside Linear/Conv layers (§8.8), and their compression for upload (App. C, §2.5)."""
 from raysim.algorithms.fedfisher.fisher.diag import diagonal_fisher
 from raysim.algorithms.fedfisher.fisher.kfac import KFAC, KFACBlock, kfac_fisher
-from raysim.algorithms.fedfisher.fisher.layers import (FisherEstimate, FisherType, Layer, curvature_layers, layer_matrix,
-                                                       split_layer_matrix)
+from raysim.algorithms.fedfisher.fisher.layers import (FisherEstimate, FisherType, Layer, curvature_layers,
+                                                       fisher_partition, layer_matrix, split_layer_matrix)
 
 __all__ = ["FisherEstimate", "FisherType", "KFAC", "KFACBlock", "Layer", "curvature_layers", "diagonal_fisher",
-           "kfac_fisher", "layer_matrix", "split_layer_matrix"]
+           "fisher_partition", "kfac_fisher", "layer_matrix", "split_layer_matrix"]

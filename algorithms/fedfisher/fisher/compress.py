@@ -58,7 +58,8 @@ def paper_rank(kfac: KFAC, d: int) -> int:
 class Compression:
     """How an upload is compressed: `none`; `paper` (App. C as the code runs it: 16-bit weights and diagonal,
     K-FAC factors at the code's rank with 9-bit U, S, V); or `explicit` (16-bit weights, the Fisher quantized to
-    ⌊32/s_q⌋ bits and, for s_v > 1, each m x m K-FAC factor kept at rank ⌊m/(2 s_v)⌋; App. C's formulas)."""
+    ⌊32/s_q⌋ bits and, for s_v > 1, each m x m K-FAC factor kept at rank ⌊m/(2 s_v)⌋; App. C's formulas).
+    K-FAC's diagonal block (parameters outside Linear/Conv layers, §8.8) is quantized per tensor as Diag's Fisher."""
 
     kind: CompressionKind = "none"
     s_q: float = 4.0
@@ -79,12 +80,16 @@ class Compression:
             raise ValueError("compression 'none' sends the raw floats; nothing to apply")
         weights, bits = quantize_per_tensor(params, spec, PAPER_WEIGHT_BITS)
         if isinstance(stats, KFAC):
-            blocks = []
+            blocks: list[KFACBlock] = []
+            diagonal: dict[str, np.ndarray] = {}
             for b in stats.blocks:
                 (a, ba), (g, bg) = (self.factor(m, self._rank(m, stats, spec)) for m in (b.A, b.G))
                 blocks.append(KFACBlock(b.layer, a, g))
                 bits += ba + bg
-            return weights, KFAC(blocks), bits
+            for name, v in stats.diagonal.items():  # the diagonal fallback (§8.8) as Diag's Fisher: per tensor
+                diagonal[name], bv = quantize(v, self.fisher_bits())
+                bits += bv
+            return weights, KFAC(blocks, diagonal), bits
         diag, diag_bits = quantize_per_tensor(stats, spec, self.fisher_bits())
         return weights, diag, bits + diag_bits
 

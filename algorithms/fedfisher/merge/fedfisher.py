@@ -39,7 +39,8 @@ class DiagObjective:
 
 
 class KFACObjective:
-    """Φ for K-FAC Fishers: per layer Σ_i p_i G_i W A_i − B with B = Σ_i p_i G_i W_i A_i (spec §2.6)."""
+    """Φ for K-FAC Fishers: per layer Σ_i p_i G_i W A_i − B with B = Σ_i p_i G_i W_i A_i (spec §2.6), plus the
+    diagonal blocks of the parameters outside the layers (§8.8) as a `DiagObjective` that is zero on the layers."""
 
     eps_inside_sqrt = True  # the code's K-FAC update: w -= lr m / sqrt(v + eps)
 
@@ -54,6 +55,13 @@ class KFACObjective:
         self.models = [t(m) for m in models]
         self.B = [sum(p * g @ self._mat(w, l) @ a for p, g, a, w in zip(self.p, self.G[l], self.A[l], self.models))
                   for l in range(len(self.layers))]
+        self.diagonal = DiagObjective(models, np.stack([self._diagonal_vector(f) for f in fishers]), weights, dtype)
+
+    def _diagonal_vector(self, f: KFAC) -> np.ndarray:
+        """f's diagonal block as a flat vector in ParamSpec order, 0 on the K-FAC layers' parameters."""
+        named = {n: torch.as_tensor(f.diagonal[n], dtype=torch.float64) if n in f.diagonal
+                 else torch.zeros(shape, dtype=torch.float64) for n, shape in zip(self.spec.names, self.spec.shapes)}
+        return self.spec.flatten(named).numpy()
 
     def _mat(self, w: torch.Tensor, l: int) -> torch.Tensor:
         return layer_matrix(self.spec.unflatten(w), self.layers[l])
@@ -64,13 +72,13 @@ class KFACObjective:
         return cast(torch.Tensor, sum(p * g @ v @ a for p, g, a in zip(self.p, self.G[l], self.A[l])))  # never empty: not sum's start 0
 
     def grad(self, w: torch.Tensor) -> torch.Tensor:
-        named = {}
+        named = self.spec.unflatten(self.diagonal.grad(w))
         for l, layer in enumerate(self.layers):
             named.update(split_layer_matrix(self._fmv(w, l) - self.B[l], layer))
         return self.spec.flatten(named)
 
     def value(self, w: torch.Tensor) -> float:
-        total = 0.0
+        total = self.diagonal.value(w)
         for l in range(len(self.layers)):
             for p, g, a, wi in zip(self.p, self.G[l], self.A[l], self.models):
                 v = self._mat(w - wi, l)

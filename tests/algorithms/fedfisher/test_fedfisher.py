@@ -146,19 +146,34 @@ def test_few_shot_rounds_through_the_runtime(tmp_path):
     assert any(p.name == "fewshot_accuracy.png" for p in report(tmp_path / "few"))
 
 
-def test_a_model_with_parameters_outside_linear_and_conv_layers_fails_at_construction(monkeypatch):
-    """Spec §8.8's diagonal fallback is not built: FedFisher refuses such a model before any client trains."""
-    import raysim.algorithms.fedfisher.baselines as baselines
+def bn_mlp(cfg, feature_shape, image_shape, num_classes):
+    """64-16-10 without biases and a BatchNorm after the hidden layer: d = 1024 + 16 + 16 + 160 = 1216."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16, bias=False), torch.nn.BatchNorm1d(16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 10, bias=False))
 
-    placed = baselines.placed_model
 
-    def with_norm(ctx):
-        module, *rest = placed(ctx)
-        return (torch.nn.Sequential(module, torch.nn.LayerNorm(10)), *rest)
+@pytest.mark.parametrize("fisher", ["diag", "kfac"])
+def test_a_model_with_batchnorm_runs_through_the_runtime_with_its_diagonal_counted(tmp_path, monkeypatch, fisher):
+    """BatchNorm's weight and bias get the diagonal fallback (spec §8.8): the run merges and evaluates, and each
+    upload's bits under compression: paper are App. C's with the 16-bit per-tensor diagonal of the two BN tensors
+    (K-FAC: factors of dims (64, 16), (16, 10) at rank int(2 * 1216 / 216) = 11)."""
+    from raysim.plugins import MODELS
 
-    monkeypatch.setattr(baselines, "placed_model", with_norm)
-    with pytest.raises(ValueError, match=r"model.name: parameters \['1.weight', '1.bias'\] are not in a Linear"):
-        make()
+    monkeypatch.setitem(MODELS, "ff_bn_mlp", bn_mlp)
+    cfg = {"name": "ff_bn", "seed": 3,
+           "data": {"source": "digits", "num_clients": 3, "partition": {"kind": "dirichlet_classes", "alpha": 1.0}},
+           "model": {"name": "ff_bn_mlp"},
+           "algorithm": {"name": "fedfisher", "fisher": fisher, "clients_per_round": 3, "local_epochs": 2, "lr": 0.05,
+                         "compression": "paper", "server_steps": 100, "server_val_size": 100},
+           "backend": "local"}
+    result = raysim.run(cfg, out=tmp_path / "bn")
+    assert result.rounds["test_accuracy"].iloc[-1] > 0.5
+    d, tensors, bn = 1216, 4, 2 * (16 * 16 + 32)
+    if fisher == "diag":
+        bits = 2 * (16 * d + 32 * tensors)
+    else:
+        bits = 16 * d + 32 * tensors + sum(9 * (2 * m * min(m, 11) + min(m, 11)) + 96 for m in (64, 16, 16, 10)) + bn
+    assert (result.clients["upload_bytes"] == -(-bits // 8)).all()
 
 
 def test_table1_config_is_the_table2_fashion_mnist_setup():

@@ -108,6 +108,58 @@ def test_kfac_gradient_equals_the_dense_block_diagonal_fisher():
     assert obj.value(torch.as_tensor(w)) == pytest.approx(value, rel=1e-9)
 
 
+class NormNet(nn.Module):
+    """Linear -> LayerNorm -> bias-free Linear, times a free parameter: two K-FAC layers and three diagonal tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 3, bias=False)
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.ln(self.fc1(x)))) * self.scale
+
+
+def dense_mixed_fisher(spec, f):
+    """f as a dense d x d matrix in ParamSpec order: G ⊗ A on each layer's [W | b] coordinates (row-major), the
+    diagonal block's entries on the other parameters' coordinates."""
+    index = {n: t.numpy() for n, t in spec.unflatten(torch.arange(spec.size)).items()}
+    full = np.zeros((spec.size, spec.size))
+    for b in f.blocks:
+        w = index[b.layer.weight].reshape(b.layer.out_dim, -1)
+        idx = (np.concatenate([w, index[b.layer.bias][:, None]], 1) if b.layer.bias else w).reshape(-1)
+        full[np.ix_(idx, idx)] = np.kron(b.G, b.A)
+    for name, v in f.diagonal.items():
+        full[index[name].reshape(-1), index[name].reshape(-1)] = v.reshape(-1)
+    return full
+
+
+def test_kfac_gradient_includes_the_diagonal_block_of_parameters_outside_the_layers():
+    """Three clients' K-FAC Fishers of NormNet (d = 39: fc1 16 + fc2 12 by K-FAC, ln 8 + scale 3 by the diagonal
+    fallback): ∇Φ and Φ equal Σ p_i F_i (W − W_i) and ½ Σ p_i (W − W_i)^T F_i (W − W_i) with the dense mixed F_i; the
+    diagonal's share of ∇Φ is far from 0."""
+    torch.manual_seed(0)
+    net = NormNet().double()
+    spec, gen = ParamSpec.of(net), torch.Generator().manual_seed(1)
+    models, fishers = [], []
+    for _ in range(3):
+        w = torch.randn(spec.size, generator=gen, dtype=torch.float64)
+        torch.nn.utils.vector_to_parameters(w, net.parameters())
+        fishers.append(kfac_fisher(net, torch.randn(20, 3, generator=gen, dtype=torch.float64), 8))
+        models.append(w.numpy())
+    models, p = np.stack(models), np.array([0.1, 0.6, 0.3])
+    assert spec.size == 39 and sorted(fishers[0].diagonal) == ["ln.bias", "ln.weight", "scale"]
+    obj = KFACObjective(models, fishers, p, spec, dtype=torch.float64)
+    dense = [dense_mixed_fisher(spec, f) for f in fishers]
+    w = np.random.default_rng(3).standard_normal(spec.size)
+    expect = sum(pi * f @ (w - wi) for pi, f, wi in zip(p, dense, models))
+    np.testing.assert_allclose(obj.grad(torch.as_tensor(w)).numpy(), expect, rtol=1e-9, atol=1e-12)
+    value = sum(0.5 * pi * (w - wi) @ f @ (w - wi) for pi, f, wi in zip(p, dense, models))
+    assert obj.value(torch.as_tensor(w)) == pytest.approx(value, rel=1e-9)
+    rest = np.concatenate([spec.unflatten(torch.as_tensor(expect))[n].numpy() for n in ("ln.weight", "ln.bias", "scale")])
+    assert np.abs(rest).min() > 1e-4
+
+
 @pytest.mark.parametrize("kind", ["gd", "fedfisher_adam"])
 @pytest.mark.parametrize("variant", ["diag", "kfac"])
 def test_invariances_identical_clients_identity_fishers_and_one_client(variant, kind):
