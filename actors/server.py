@@ -22,7 +22,7 @@ from raysim.data import FederatedData
 from raysim.engine import RoundEngine, RoundPlan, shards_of
 from raysim.errors import ConfigError
 from raysim.experiment import Experiment
-from raysim.shard import ShardResult
+from raysim.shard import ClientShard, ShardResult
 
 RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
 REPLY_GRACE_S = 0.5  # real clock: how long replies that left before the deadline may take to arrive
@@ -39,17 +39,27 @@ class RoundServer:
         self.cfg = experiment.cfg
         self.data = data
         self.engine = RoundEngine(experiment, FederatedData.from_dict(data))
-        self.actors: list = []
+        self.actors: dict[int, Any] = {}  # shard -> its client actor
+        self.local: ClientShard | None = None  # shard 0 in this process (cluster.driver_shard)
         self.per_actor = 1
         self.run_dir = Path(run_dir) if run_dir else None
         self.ckpt: str | None = None  # the newest complete checkpoint's folder
-        self.snapshots: list | None = None  # or, newer than it, each shard's in-memory snapshot (ObjectRefs)
+        self.snapshots: dict[int, Any] | None = None  # or, newer than it, each actor's in-memory snapshot (ObjectRefs)
         self.replay: list[tuple[int, dict[int, list[int]], Any]] = []  # rounds since: (round, shard -> clients, broadcast ref)
         self.faults = {(f.round, f.actor) for f in self.cfg.faults}
         self.restarts = 0
 
+    def _driver_shard(self, res: dict) -> bool:
+        """Whether this process hosts shard 0 (`cluster.driver_shard`; by default when it is the driver of a
+        one-node CPU cluster under the virtual clock without injected faults: nothing then needs the shard remote)."""
+        if self.cfg.cluster.driver_shard is not None:
+            return self.cfg.cluster.driver_shard
+        return (ray.get_runtime_context().get_actor_id() is None and not res.get("GPU") and not self.faults
+                and self.cfg.system.clock.mode == "virtual" and sum(n["Alive"] for n in ray.nodes()) == 1)
+
     def start(self) -> dict:
-        """Create the client actors (each reads only its clients' rows) and wait until all are ready."""
+        """Create the client actors (each reads only its clients' rows), and shard 0 here when the driver
+        hosts it while they start; wait until all are ready."""
         t0 = time.perf_counter()
         res = ray.cluster_resources()
         n_actors, self.per_actor = self.cfg.actor_layout(int(res.get("CPU", 1)))
@@ -63,7 +73,8 @@ class RoundServer:
         # real clock: one call per client; late ones still sleep while the next round starts
         concurrency = 2 * self.per_actor if self.cfg.system.clock.mode == "real" else 1
         n = self.engine.fed.num_clients
-        for i in range(n_actors):
+        here = self._driver_shard(res)
+        for i in range(1 if here else 0, n_actors):
             # a range, not a list: 500k ids would make a constructor argument that Ray keeps in the object
             # store, and flags for an actor that may restart
             clients = range(i * self.per_actor, min(n, (i + 1) * self.per_actor))
@@ -71,10 +82,13 @@ class RoundServer:
             actor = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,  # type: ignore[attr-defined]
                                         scheduling_strategy=client_scheduling()).remote(
                 self.experiment, self.data, clients, r.torch_threads, r.cuda_memory_fraction, i)
-            self.actors.append(actor)
-        nodes = [info["node"] for info in ray.get([a.ready.remote() for a in self.actors])]
+            self.actors[i] = actor
+        if here:
+            self.local = ClientShard(self.experiment, self.data, range(min(n, self.per_actor)), r.torch_threads)
+        nodes = [info["node"] for info in ray.get([a.ready.remote() for a in self.actors.values()])]
         return {"backend": "ray", "server": "driver" if ray.get_runtime_context().get_actor_id() is None else "actor",
-                "actors": n_actors, "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
+                "shards": n_actors, "actors": len(self.actors), "driver_shard": here,
+                "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
                 "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "actor_nodes": nodes,
                 "actors_s": time.perf_counter() - t0}
 
@@ -85,7 +99,9 @@ class RoundServer:
         if found is not None:
             self.engine.load(found[1])
             self.ckpt = str(found[1])
-            ray.get([a.restore.remote(self.ckpt, []) for a in self.actors])
+            ray.get([a.restore.remote(self.ckpt, []) for a in self.actors.values()])
+            if self.local is not None:
+                self.local.restore(self.ckpt, [])
 
     def state(self) -> Any:
         """The algorithm's server state (callbacks see a copy)."""
@@ -93,9 +109,9 @@ class RoundServer:
 
     def close(self) -> None:
         """Stop the client actors; the process gets its torch thread count back."""
-        for actor in self.actors if ray.is_initialized() else []:
+        for actor in self.actors.values() if ray.is_initialized() else []:
             ray.kill(actor)
-        self.actors = []
+        self.actors, self.local = {}, None
         torch.set_num_threads(self.threads)
 
     def _checkpoint(self, round: int) -> None:
@@ -104,15 +120,18 @@ class RoundServer:
         assert self.run_dir is not None, "checkpoints need a run directory"
         folder = checkpoint.checkpoint_dir(self.run_dir, round)
         self.engine.save(folder)
-        ray.get([a.save.remote(str(folder)) for a in self.actors])
+        ray.get([a.save.remote(str(folder)) for a in self.actors.values()])
+        if self.local is not None:
+            self.local.save(folder)
         self.ckpt, self.snapshots, self.replay = str(folder), None, []
 
     def _bound_replay(self) -> None:
         """After `checkpoint.replay_rounds` rounds without a checkpoint, every shard's client states are
-        snapshotted in the object store and the logged broadcasts released: memory stays flat however long the run."""
+        snapshotted in the object store and the logged broadcasts released: memory stays flat however long the run.
+        Shard 0 in this process needs none: it cannot die without the run."""
         if len(self.replay) >= self.cfg.checkpoint.replay_rounds:
-            snapshots = [a.snapshot.remote() for a in self.actors]
-            ray.wait(snapshots, num_returns=len(snapshots))
+            snapshots = {i: a.snapshot.remote() for i, a in self.actors.items()}
+            ray.wait(list(snapshots.values()), num_returns=len(snapshots))
             self.snapshots, self.replay = snapshots, []
 
     def _recover(self, shard: int, round: int, clients: list[int], bref, reduce: bool) -> ShardResult:
@@ -133,10 +152,13 @@ class RoundServer:
         return ray.get(actor.train.remote(round, clients, bref, reduce))
 
     def _virtual(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> list[ShardResult]:
-        """Every shard's result for its clients (a dead actor is restarted and redoes its share)."""
+        """Every shard's result for its clients (a dead actor is restarted and redoes its share); shard 0,
+        when this process hosts it, trains while the actors do."""
         refs = {self.actors[a].train.remote(rp.round, cs, bref, rp.reduce, (rp.round, a) in self.faults): (a, cs)
-                for a, cs in by_actor.items()}
+                for a, cs in by_actor.items() if a in self.actors}
         results = []
+        if self.local is not None and 0 in by_actor:
+            results.append(self.local.train(rp.round, by_actor[0], rp.plan.broadcast, rp.reduce))
         for ref, (shard, clients) in refs.items():
             try:
                 results.append(ray.get(ref))

@@ -246,6 +246,7 @@ class Measurement:
     startup_s: float
     ray_up_s: float  # raysim's start-up: ray.init, then the server and client actors ready (0 for the references)
     actors_ready_s: float
+    server_up_s: float  # raysim's start-up less the two above: the engine built (a median of each run's own difference)
     first_round_s: float
     round_s: float
     cpu_round_s: float
@@ -361,7 +362,7 @@ def measure(system: str, num_clients: int, per_round: int, rounds: int, seed: in
         wall, cpu = np.diff(clock.wall)[1:], np.diff(clock.cpu)[1:]
         steady = float(np.median(wall))  # Flower starts Ray and its workers while round 1 is under way:
         startup = clock.epoch[1] - steady - ready  # its start-up is round 1's excess over a steady round
-        return Measurement(system, num_clients, rounds, clock.epoch[0] - launched, startup, 0.0, 0.0,
+        return Measurement(system, num_clients, rounds, clock.epoch[0] - launched, startup, 0.0, 0.0, 0.0,
                            clock.wall[1] - clock.wall[0], steady, float(np.mean(cpu)),
                            sampler.peak / 2**20, sampler.processes, metrics["test_accuracy"], metrics["test_loss"],
                            metrics["train_loss"])
@@ -369,12 +370,12 @@ def measure(system: str, num_clients: int, per_round: int, rounds: int, seed: in
         if system == "raysim":
             metrics, clock, info, first = run_raysim(cfg, workdir)
             startup = info["startup_s"] - info["data_s"]  # Ray up, server and client actors ready
-            parts = (info["ray_s"], info["actors_s"])
+            parts = (info["ray_s"], info["actors_s"], startup - info["ray_s"] - info["actors_s"])
             wall, cpu = np.diff(clock.wall), np.diff(clock.cpu)  # rounds 2..
             begun = clock.epoch[0] - first
         else:
             theta, metrics, clock, startup = run_reference(system, cfg, workdir)
-            parts = (0.0, 0.0)
+            parts = (0.0, 0.0, 0.0)
             np.save(workdir / f"{system}.npy", theta.numpy())
             first = clock.wall[1] - clock.wall[0]
             wall, cpu = np.diff(clock.wall)[1:], np.diff(clock.cpu)[1:]
@@ -537,8 +538,8 @@ def markdown(rows: list[Measurement], table: list[dict], checks: list[tuple[str,
         lines.append(f"| {m.system} | {m.clients} | {m.launch_s:.2f} | {m.startup_s:.2f} | {m.first_round_s:.3f} | {m.round_s:.4f} |"
                      f" {m.cpu_round_s:.4f} | {m.peak_pss_mb:.0f} | {m.processes} | {m.test_accuracy:.4f} | {m.test_loss:.5f} |")
     lines += ["", "raysim's start-up in parts: " + ", ".join(
-        f"{m.clients} clients: ray.init {m.ray_up_s:.2f} s, server up {m.startup_s - m.ray_up_s - m.actors_ready_s:.2f} s,"
-        f" client actors ready {m.actors_ready_s:.2f} s" for m in rows if m.system == "raysim") + "."]
+        f"{m.clients} clients: ray.init {m.ray_up_s:.2f} s, server up {m.server_up_s:.2f} s,"
+        f" client shards ready {m.actors_ready_s:.2f} s" for m in rows if m.system == "raysim") + "."]
     lines += ["", "Ratios of real seconds per round (and of CPU seconds per round):", "",
               "| clients | raysim / vectorized | sequential / raysim | sequential / vectorized | CPU raysim / vectorized |"
               " CPU sequential / raysim | max abs acc diff | max abs test-loss diff |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]

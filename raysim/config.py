@@ -54,6 +54,10 @@ class ClusterConfig(BaseModel):
     server: Literal["auto", "driver", "actor"] = Field(
         "auto", description="where the server's round logic runs on Ray: in the driver's process, or in an actor of"
                             " its own; auto: the driver, unless it joins through Ray Client (a ray:// address)")
+    driver_shard: bool | None = Field(
+        None, description="the driver's process hosts the first shard of clients itself, in place of one client actor"
+                          " (one torch process fewer to start and hold); default: when the server runs in the driver"
+                          " on a one-node CPU cluster under the virtual clock without injected faults")
 
 
 class CheckpointConfig(BaseModel):
@@ -160,6 +164,11 @@ def _check(cfg: ExperimentConfig) -> list[str]:
     problems += [f"faults.{i}.round: {f.round} is after the last round ({cfg.algorithm.rounds})"
                  for i, f in enumerate(cfg.faults) if f.round > cfg.algorithm.rounds]
     c = cfg.cluster
+    if c.driver_shard and cfg.system.clock.mode != "virtual":
+        problems.append("cluster.driver_shard: the real clock times each client in a client actor; it needs"
+                        " system.clock.mode 'virtual'")
+    if c.driver_shard and cfg.faults:
+        problems.append("cluster.driver_shard: injected faults kill client actors; shard 0 would be the driver itself")
     if c.num_actors is not None and c.clients_per_actor is not None and c.num_actors * c.clients_per_actor < cfg.data.num_clients:
         problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
                         f" cannot host data.num_clients={cfg.data.num_clients}")

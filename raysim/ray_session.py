@@ -1,11 +1,40 @@
 """Starting or joining Ray for a run: one place that fits a local Ray to a simulation."""
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 import ray
+from ray._private import node as ray_node
+from ray._private import parameter as ray_parameter
 
 AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"  # the logger of the token notice
+
+
+@contextlib.contextmanager
+def _lean_head() -> Iterator[None]:
+    """While a local Ray starts, leave out the two head daemons a one-machine simulation never calls: the
+    autoscaler monitor (nothing to scale) and the API server (dashboard, jobs and state API; the dashboard
+    is off anyway): about 120 MB of PSS and two Python start-ups on the cores the run needs. Ray has no
+    public switch for either (`ray start --no-monitor` is hidden, the API server always starts), so this
+    sets its node's parameters for the duration of the call; where a Ray release renames them, nothing changes."""
+    init, api = ray_parameter.RayParams.__init__, getattr(ray_node.Node, "start_api_server", None)
+
+    def lean_params(self: ray_parameter.RayParams, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.no_monitor = True
+
+    ray_parameter.RayParams.__init__ = lean_params  # type: ignore[method-assign]
+    if api is not None:
+        ray_node.Node.start_api_server = lambda self, **kwargs: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ray_parameter.RayParams.__init__ = init  # type: ignore[method-assign]
+        if api is not None:
+            ray_node.Node.start_api_server = api  # type: ignore[method-assign]
 
 
 def start_local(num_cpus: int | None = None) -> None:
@@ -14,14 +43,16 @@ def start_local(num_cpus: int | None = None) -> None:
     Token authentication is on, as Ray >= 2.52 makes it for a local cluster unless RAY_AUTH_MODE says
     otherwise (the token is ~/.ray/auth_token, made if missing); Ray's warning that it did so on every
     run is not shown. Workers keep normal priority: Ray lowers them to nice 15, which starves the actors
-    that do a simulation's work whenever anything else runs. No dashboard.
+    that do a simulation's work whenever anything else runs. No dashboard, no autoscaler monitor and
+    no API server (`_lean_head`).
     """
     notice = logging.getLogger(AUTH_NOTICE)
     level = notice.level
     notice.setLevel(logging.ERROR)
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
-                 _system_config={"worker_niceness": 0})
+        with _lean_head():
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+                     _system_config={"worker_niceness": 0})
     finally:
         notice.setLevel(level)
 

@@ -66,6 +66,15 @@ class RemoteServer:
             ray.kill(self.actor)  # its client actors go with it (it owns them)
 
 
+def _layout_line(layout: dict) -> str:
+    """Where the clients are, in words, for the log."""
+    actors, per = layout.get("actors", 0), layout.get("clients_per_actor")
+    if layout.get("backend") == "local":
+        return "none, every client in this process (backend: local)"
+    here = " and this process" if layout.get("driver_shard") else ""
+    return f"{actors} client actor{'s' if actors != 1 else ''}{here}, {per} clients each"
+
+
 def _check_finite(row: dict) -> None:
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
@@ -149,9 +158,7 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
         server = (ray_server(experiment, fed.to_dict(), run_dir, address or cfg.cluster.address) if cfg.backend == "ray"
                   else LocalServer(experiment, fed.to_dict(), run_dir))
         layout = server.start()
-        actors = layout.get("actors", 0)
-        LOGGER.info("actors: %s (%.1f s)", f"{actors} client actors, {layout.get('clients_per_actor')} clients each"
-                    if actors else "none, every client in this process (backend: local)", time.perf_counter() - t_ray)
+        LOGGER.info("actors: %s (%.1f s)", _layout_line(layout), time.perf_counter() - t_ray)
         if resume is not None:
             server.resume()
         writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,

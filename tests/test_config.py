@@ -43,6 +43,8 @@ def test_valid_config_resolves_defaults():
     ({"cluster.gpu_fraction": 1.5}, ["cluster.gpu_fraction:", "less than or equal to 1"]),
     ({"algorithm.local_steps": 3, "algorithm.local_epochs": 1}, ["algorithm", "either local_steps or local_epochs"]),
     ({"cluster.num_actors": 2, "cluster.clients_per_actor": 3}, ["cluster.num_actors:", "cannot host"]),
+    ({"cluster.driver_shard": True, "system.clock.mode": "real"}, ["cluster.driver_shard:", "clock.mode 'virtual'"]),
+    ({"cluster.driver_shard": True, "faults": [{"round": 1, "actor": 0}]}, ["cluster.driver_shard:", "faults"]),
 ])
 def test_bad_config_names_the_field(overrides, fragments):
     bad(overrides, *fragments)

@@ -43,7 +43,7 @@ def test_local_and_every_packing_on_ray_give_the_same_bits(ray_cluster, tmp_path
         assert local.clients["dropped"].any() and not local.clients["dropped"].all()
     for actors in layouts:
         on_ray = raysim.run(cfg, out=tmp_path / f"ray{actors}", cluster__num_actors=actors)  # 2 CPUs shared
-        assert on_ray.info["actors"] == actors
+        assert on_ray.info["shards"] == actors
         assert_same_numbers(local, on_ray)
 
 

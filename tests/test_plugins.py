@@ -66,7 +66,7 @@ def test_driver_registrations_reach_the_actors_in_every_layout(ray_cluster, plug
         a = raysim.run(cfg, out={str(tmp_path / "shards")!r}, address={address!r})
         b = raysim.run(cfg, {{"cluster.num_actors": None, "cluster.clients_per_actor": 1}}, out={str(tmp_path / "single")!r},
                        address={address!r})
-        print(a.info["actors"], b.info["actors"])
+        print(a.info["shards"], b.info["shards"])
     '''))
     proc = _run([sys.executable, str(script)], cwd=tmp_path)
     assert proc.stdout.split()[-2:] == ["2", "4"]

@@ -95,6 +95,25 @@ def test_the_server_in_the_driver_or_in_an_actor_gives_the_same_tables(ray_clust
     assert runs["driver"].rounds["dropped"].sum() > 0  # the deadline drops stragglers in both
 
 
+def test_the_driver_hosts_shard_0_checkpoints_it_and_resumes_it_to_the_same_numbers(ray_cluster, tmp_path):
+    """By default the driver trains shard 0 itself (one client actor for two shards); the tables equal those
+    of two client actors, and a run stopped after round 3 resumes from round 2's checkpoint, client states included."""
+    cfg = {**STATEFUL, "system": {**STATEFUL["system"], "stragglers": {"deadline": 8.0}}}
+    here = raysim.run(cfg, out=tmp_path / "here")
+    remote = raysim.run(cfg, out=tmp_path / "remote", cluster__driver_shard=False)
+    assert ({k: here.info[k] for k in ("driver_shard", "shards", "actors")}
+            == {"driver_shard": True, "shards": 2, "actors": 1})
+    assert ({k: remote.info[k] for k in ("driver_shard", "shards", "actors")}
+            == {"driver_shard": False, "shards": 2, "actors": 2})
+    part = raysim.run(cfg, out=tmp_path / "part", on_round=lambda row: row["round"] < 3)
+    resumed = raysim.run(None, resume=tmp_path / "part")
+    assert resumed.info["resumed_from"] == 2 and resumed.info["driver_shard"]
+    assert here.rounds["dropped"].sum() > 0
+    for other in (remote, resumed):
+        for table in ("rounds", "clients"):
+            pd.testing.assert_frame_equal(reproducible(getattr(here, table)), reproducible(getattr(other, table)))
+
+
 LONG = {"name": "long", "seed": 0, "data": {"source": "digits", "num_clients": 4},
         "model": {"name": "mlp", "hidden": [1024]},  # a 300 KB broadcast: the object store holds it, not the caller
         "algorithm": {"name": "fedavg", "clients_per_round": 2, "lr": 0.05, "local_steps": 1, "batch_size": 8},
