@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from raysim.errors import RunDirError
 if TYPE_CHECKING:
     import pandas as pd
 
+FLUSH_EVERY_S = 1.0  # a run's tables reach the disk at least this often, and at every checkpoint and status change
 HOST_COLUMNS = ("wall_s", "round_wall_s", "client_cpu_s", "cpu_s", "actor_restarts")  # measured on this host: vary run to run
 
 
@@ -81,35 +83,66 @@ class RunResult:
         return trained_model(self.run_dir, best).model
 
 
-class RunWriter:
-    """Writes a run's tables as rounds finish: rounds.parquet rewritten atomically (one small row a
-    round), each round's client rows as one more Parquet part in the clients.parquet folder, so a
-    round costs the same whatever the run's length. `resume_round` keeps what an interrupted run
-    saved up to that round and drops the rest."""
+def _part_rounds(part: Path) -> tuple[int, int]:
+    """(first, last) round of a clients.parquet part: `round-T` holds round T, `round-A-B` rounds A..B."""
+    bounds = [int(x) for x in part.stem.removeprefix("round-").split("-")]
+    return bounds[0], bounds[-1]
 
-    def __init__(self, run_dir: Path, resume_round: int | None = None) -> None:
+
+class RunWriter:
+    """Writes a run's tables as rounds finish: rounds.parquet rewritten atomically, and the client rows
+    of the rounds since the last write as one more Parquet part in the clients.parquet folder, so a write
+    costs the same whatever the run's length. Writes come at most every `flush_every_s` seconds, and at
+    every `flush` (the runner's, before it commits a checkpoint) and status change: rounds of a few
+    milliseconds do not wait for two files each. `resume_round` keeps what an interrupted run saved up
+    to that round and drops the rest."""
+
+    def __init__(self, run_dir: Path, resume_round: int | None = None, flush_every_s: float = FLUSH_EVERY_S) -> None:
         self.run_dir = run_dir
         self.clients_dir = run_dir / "clients.parquet"
         self.clients_dir.mkdir(parents=True, exist_ok=True)
         self.rounds: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {"status": "running"}
+        self.flush_every_s = flush_every_s
+        self.pending: list[dict[str, Any]] = []  # client rows not yet written
+        self.unwritten: list[int] = []  # rounds added since the last write
+        self.written_at = time.monotonic()
         if resume_round is not None:
             rounds = run_dir / "rounds.parquet"
             if rounds.exists():
                 self.rounds = [r for r in pq.read_table(rounds).to_pylist() if r["round"] <= resume_round]
             for part in self.clients_dir.glob("round-*.parquet"):
-                if int(part.stem.removeprefix("round-")) > resume_round:
+                first, last = _part_rounds(part)
+                if first > resume_round:
                     part.unlink()
+                elif last > resume_round:  # a part that runs past the checkpoint keeps its rounds up to it
+                    kept = [r for r in pq.read_table(part).to_pylist() if r["round"] <= resume_round]
+                    part.unlink()
+                    write_parquet(kept, self.clients_dir / f"round-{first:06d}-{resume_round:06d}.parquet")
             info = run_dir / "run.json"
             self.info = {**(json.loads(info.read_text()) if info.exists() else {}), "status": "running"}
 
     def add(self, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
+        """Take a finished round's rows; write if the last write is `flush_every_s` old."""
         self.rounds.append(row)
+        self.pending += client_rows
+        self.unwritten.append(row["round"])
+        if time.monotonic() - self.written_at >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every round added so far: rounds.parquet, and one clients part for the rounds since the last write."""
+        if not self.unwritten:
+            return
         write_parquet(self.rounds, self.run_dir / "rounds.parquet")
-        if client_rows:
-            write_parquet(client_rows, self.clients_dir / f"round-{row['round']:06d}.parquet")
+        if self.pending:
+            first, last = self.unwritten[0], self.unwritten[-1]
+            name = f"round-{first:06d}" + (f"-{last:06d}" if last != first else "")
+            write_parquet(self.pending, self.clients_dir / f"{name}.parquet")
+        self.pending, self.unwritten, self.written_at = [], [], time.monotonic()
 
     def status(self, **info: Any) -> None:
-        """Record run metadata (status, start-up times, error) in run.json."""
+        """Record run metadata (status, start-up times, error) in run.json, after the rounds it speaks of."""
+        self.flush()
         self.info.update(info)
         write_text(json.dumps(self.info, indent=2, default=str), self.run_dir / "run.json")

@@ -176,7 +176,8 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
                 wall += time.perf_counter() - t0
                 row["wall_s"] = wall
                 writer.add(row, client_rows)
-                if row["checkpoint"]:
+                if row["checkpoint"]:  # a resume restarts after this round: its rows go to disk first
+                    writer.flush()
                     checkpoint.commit(run_dir, t)
                 _check_finite(row)
                 votes = [cb.on_round_end(row, view) for cb in hooks]

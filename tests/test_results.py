@@ -35,3 +35,25 @@ def test_client_parts_load_in_round_order_with_the_union_of_their_columns(tmp_pa
     assert clients["round"].tolist() == [r for r in range(1, 13) for _ in range(3)]
     assert clients["loss"].tolist() == [r + c / 10 for r in range(1, 13) for c in range(3)]
     assert clients["extra"].isna().sum() == 30 and clients["extra"].iloc[-1] == 12.0
+
+
+def test_the_writer_batches_rounds_into_one_part_and_a_resume_cuts_a_part_at_the_checkpoint(tmp_path):
+    """Rounds added within `flush_every_s` reach the disk together at `flush` (rounds.parquet and one clients
+    part for rounds 1..3); resuming after round 2 keeps rounds 1..2 of that part; with no wait every round is written."""
+    from raysim.results import RunResult, RunWriter
+
+    writer = RunWriter(tmp_path, flush_every_s=3600)
+    for r in (1, 2, 3):
+        writer.add({"round": r, "loss": 1.0 / r}, [{"round": r, "client_id": c} for c in range(2)])
+    assert not (tmp_path / "rounds.parquet").exists()
+    writer.status(status="stopped")  # a status change writes the rounds first
+    assert sorted(p.name for p in (tmp_path / "clients.parquet").iterdir()) == ["round-000001-000003.parquet"]
+    assert RunResult.load(tmp_path).clients["round"].tolist() == [1, 1, 2, 2, 3, 3]
+
+    resumed = RunWriter(tmp_path, resume_round=2, flush_every_s=0)
+    resumed.add({"round": 3, "loss": 0.25}, [{"round": 3, "client_id": 5}])
+    result = RunResult.load(tmp_path)
+    assert result.rounds["loss"].tolist() == [1.0, 0.5, 0.25]
+    assert result.clients[["round", "client_id"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1], [3, 5]]
+    assert sorted(p.name for p in (tmp_path / "clients.parquet").iterdir()) == ["round-000001-000002.parquet",
+                                                                               "round-000003.parquet"]

@@ -40,7 +40,7 @@ class Callback:
         """Called once the server and actors are up, before the first round."""
 
     def on_round_end(self, row: dict, server: ServerView) -> bool | None:
-        """Called after each round is saved, with its row of rounds.parquet."""
+        """Called after each round, with its row of rounds.parquet (on disk within a second: `raysim.results.RunWriter`)."""
         return None
 
     def on_run_end(self, run: RunContext, status: str) -> None:
