@@ -25,6 +25,7 @@ from raysim.experiment import Experiment
 from raysim.shard import ClientShard, ShardResult
 
 RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
+INLINE_BYTES = 100_000  # broadcasts that all of a round's calls carry in fewer bytes go inline (Ray's own inline limit)
 REPLY_GRACE_S = 0.5  # real clock: how long replies that left before the deadline may take to arrive
 
 
@@ -191,8 +192,10 @@ class RoundServer:
         results: list[ShardResult] = []
         late: set[int] = set()
         if len(rp.clients):
-            bref = ray.put(rp.plan.broadcast)
             by_actor = shards_of(rp.client_list, self.per_actor)
+            calls = len(rp.clients) if self.cfg.system.clock.mode == "real" else len(by_actor.keys() & self.actors.keys())
+            # in the object store once, or (small, to few calls) inline in each call: no store round trip
+            bref = rp.plan.broadcast if rp.broadcast_bytes * calls <= INLINE_BYTES else ray.put(rp.plan.broadcast)
             if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
                 results, late = self._real(rp, by_actor, bref)
             else:

@@ -1,12 +1,19 @@
 """The local Ray a run starts: fitted to one machine, without the head daemons a simulation never calls."""
+import psutil
 import ray
 
 from raysim.memory import session_processes
 
 
 def _daemons(session_dir: str) -> list[str]:
-    """The command lines of the session's processes."""
-    return [" ".join(p.cmdline()) for p in session_processes(session_dir)]
+    """The command lines of the session's live processes (killed actors of earlier tests may linger as zombies)."""
+    lines = []
+    for p in session_processes(session_dir):
+        try:
+            lines.append(" ".join(p.cmdline()))
+        except psutil.Error:
+            continue
+    return lines
 
 
 def test_a_local_ray_has_no_autoscaler_monitor_and_no_api_server_but_forwards_actor_logs(ray_cluster):
