@@ -3,7 +3,7 @@
 Paper-specific sources live in their family's plugin (`raysim.algorithms.<family>.sources`).
 """
 from raysim.data.config import DataConfig, PartitionConfig
-from raysim.data.federated import FederatedData, build_federated, read_clients, read_table_arrays
+from raysim.data.federated import FederatedData, build_federated, read_client_block, read_clients, read_table_arrays
 from raysim.data.partition import partition, register_partitioner
 from raysim.data.sources import Source, load_source, register_source
 from raysim.data import vision  # noqa: F401  (registers fashion_mnist, cifar10, svhn, cinic10, digits28)
@@ -17,6 +17,7 @@ __all__ = [
     "build_federated",
     "load_source",
     "partition",
+    "read_client_block",
     "read_clients",
     "read_table_arrays",
     "register_partitioner",

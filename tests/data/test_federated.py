@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.data import DataConfig, FederatedData, build_federated, read_clients, read_table_arrays
+from raysim.data import DataConfig, FederatedData, build_federated, read_client_block, read_clients, read_table_arrays
 from raysim.data import federated
 
 
@@ -75,6 +75,25 @@ def test_read_clients_returns_exactly_those_rows_as_in_pandas(tmp_path):
         assert not x.flags.owndata and not x.flags.writeable  # a view of the Arrow buffer
     with pytest.raises(KeyError):
         read_clients(fd.train_path, [10])
+
+
+@pytest.mark.parametrize("ids, shuffled", [([7, 2, 7, 4], False), (range(3, 9), False), (range(3, 9), True)],
+                         ids=["scattered", "a-run", "rows-out-of-client-order"])
+def test_a_client_block_holds_each_clients_rows_at_its_offsets_in_file_order(tmp_path, monkeypatch, ids, shuffled):
+    """The shard's one block of rows: client ids[i] at x[offsets[i]:offsets[i+1]], the rows read_clients gives
+    it, across row groups (40 rows each), for a run of ids, scattered ids asked for out of order, and a file
+    whose rows are not grouped by client."""
+    monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 40 * (64 * 4 + 16))
+    fd = digits(tmp_path, kind="dirichlet")
+    if shuffled:
+        table = pq.read_table(fd.train_path)
+        pq.write_table(table.take(np.random.default_rng(0).permutation(len(table))), fd.train_path, row_group_size=40)
+    got, offsets, x, y = read_client_block(fd.train_path, ids)
+    assert got.tolist() == sorted(set(ids)) and offsets[0] == 0 and offsets[-1] == len(x) == len(y)
+    for i, (c, (cx, cy)) in enumerate(sorted(read_clients(fd.train_path, ids).items())):
+        assert got[i] == c and np.array_equal(x[offsets[i]:offsets[i + 1]], cx) and np.array_equal(y[offsets[i]:offsets[i + 1]], cy)
+    with pytest.raises(KeyError, match=r"clients \[10\]"):
+        read_client_block(fd.train_path, [3, 10])
 
 
 def test_row_groups_keep_small_clients_whole_so_filters_prune(tmp_path, monkeypatch):
