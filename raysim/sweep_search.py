@@ -13,14 +13,14 @@ from raysim.sweep_trial import TRIAL_INDEX
 
 def check_search(sweep: SweepConfig) -> None:
     """Refuse, before Ray starts, a search whose library is not installed."""
-    from raysim.distribution import DISTRIBUTION
+    from raysim.distribution import needs_extra
     from raysim.errors import ConfigError
 
     if sweep.search.kind == "optuna":
         try:
             import optuna  # noqa: F401
         except ImportError:
-            raise ConfigError(f"sweep.search: kind optuna needs the optuna extra: pip install '{DISTRIBUTION}[optuna]'") from None
+            raise ConfigError(needs_extra("sweep.search: kind optuna", "optuna")) from None
 
 
 def param_space(sweep: SweepConfig) -> dict[str, Any]:

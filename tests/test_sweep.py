@@ -198,7 +198,7 @@ def test_optuna_without_its_extra_is_one_line_before_ray(tmp_path, monkeypatch, 
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps(with_sweep(space={"algorithm.mu": {"choice": [0.0, 0.1]}}, search={"kind": "optuna"})))
     assert main(["sweep", str(path)]) == 2
-    assert capsys.readouterr().err.strip().endswith("sweep.search: kind optuna needs the optuna extra: "
+    assert capsys.readouterr().err.strip().endswith("sweep.search: kind optuna needs the optional extra: "
                                                     "pip install 'raysim-fl[optuna]'")
 
 

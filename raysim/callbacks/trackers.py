@@ -12,7 +12,7 @@ import yaml
 
 from raysim.callbacks.base import Callback, RunContext, ServerView
 from raysim.callbacks.writers import scalars
-from raysim.distribution import DISTRIBUTION
+from raysim.distribution import needs_extra
 from raysim.errors import ConfigError
 
 
@@ -22,7 +22,7 @@ def missing_extra(module: str, extra: str) -> str | None:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
         found = False
-    return None if found else f"kind {extra} needs the optional extra: pip install '{DISTRIBUTION}[{extra}]'"
+    return None if found else needs_extra(f"kind {extra}", extra)
 
 
 def require_extra(module: str, extra: str) -> None:

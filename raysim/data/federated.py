@@ -186,12 +186,12 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
                     natural=src.natural_clients[train] if natural and src.natural_clients is not None else None)
     shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
     order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
-    x_train, y_train = src.x[train][order], src.y[train][order]
+    rows = np.flatnonzero(train)[order]  # one gather: x[train][order] would hold a second copy of the features
     meta = {"feature_shape": list(src.feature_shape), "target_shape": list(src.y.shape[1:])}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, test_path = out_dir / "train.parquet", out_dir / "test.parquet"
-    _write(train_path, ids[order], x_train, y_train, meta)
+    _write(train_path, ids[order], src.x[rows], src.y[rows], meta)
     _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x[test], src.y[test], meta)
     sizes = np.bincount(ids, minlength=cfg.num_clients).astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raysim.data.columns import features, is_feature
 from raysim.data.sources import Source, class_indices, register_source
-from raysim.distribution import DISTRIBUTION
+from raysim.distribution import needs_extra
 from raysim.errors import DataError
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ def _load(options: HuggingfaceOptions):
     try:
         import datasets
     except ImportError as e:
-        raise DataError(f"data.source: 'huggingface' needs the optional extra: pip install '{DISTRIBUTION}[huggingface]' "
-                        f"({e})") from e
+        raise DataError(needs_extra("data.source: 'huggingface'", "huggingface") + f" ({e})") from e
     path = Path(options.path).expanduser()
     if not path.is_dir():
         raise DataError(f"data.options.path: {options.path!r} is not a directory (source 'huggingface' reads "

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raysim.data.columns import image_array, same_shape
 from raysim.data.sources import Source, class_indices, register_source
-from raysim.distribution import DISTRIBUTION
+from raysim.distribution import needs_extra
 from raysim.errors import DataError
 
 if TYPE_CHECKING:
@@ -50,8 +50,7 @@ def import_torchvision():
     try:
         import torchvision
     except ImportError as e:
-        raise DataError(f"data.source: 'torchvision' needs the optional extra: pip install '{DISTRIBUTION}[torchvision]' "
-                        f"({e})") from e
+        raise DataError(needs_extra("data.source: 'torchvision'", "torchvision") + f" ({e})") from e
     except RuntimeError as e:
         if "torchvision::" not in str(e):
             raise
