@@ -13,7 +13,20 @@ from raysim.shard import ClientShard, ShardResult
 
 @ray.remote
 class ClientActor(ClientShard):
-    """A ClientShard that answers the server actor."""
+    """A ClientShard that answers the server. It starts without its data, so its process boots (Ray's worker,
+    torch) while the driver builds them; `load` reads its clients' rows, and a restarted actor is loaded again."""
+
+    def __init__(self, experiment: Any, clients: range, torch_threads: int = 1, cuda_memory_fraction: float | None = None,
+                 shard: int = 0):
+        self.args = (experiment, clients, torch_threads, cuda_memory_fraction, shard)
+        self.loaded = False
+
+    def load(self, data: dict) -> None:
+        """Read this shard's clients' rows and set up their states (once)."""
+        if not self.loaded:
+            experiment, clients, threads, fraction, shard = self.args
+            super().__init__(experiment, data, clients, threads, fraction, shard)
+            self.loaded = True
 
     def ready(self) -> dict:
         """Warm up under `clock: real`; report the node this actor runs on."""

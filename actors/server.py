@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 from raysim import checkpoint
 from raysim.actors.client import ClientActor
-from raysim.actors.placement import client_resources, client_scheduling
+from raysim.actors.placement import ActorResources, client_resources, client_scheduling
 from raysim.data import FederatedData
 from raysim.engine import RoundEngine, RoundPlan, shards_of
 from raysim.errors import ConfigError
@@ -29,11 +30,65 @@ INLINE_BYTES = 100_000  # broadcasts that all of a round's calls carry in fewer 
 REPLY_GRACE_S = 0.5  # real clock: how long replies that left before the deadline may take to arrive
 
 
+@dataclass
+class ClientFleet:
+    """A run's client actors and where its shards live (shard 0 in this process when `here`)."""
+
+    actors: dict[int, Any]  # shard -> its client actor, not yet loaded with data
+    shards: int
+    per_actor: int
+    resources: ActorResources
+    here: bool
+
+    def close(self) -> None:
+        for actor in self.actors.values() if ray.is_initialized() else []:
+            ray.kill(actor)
+        self.actors = {}
+
+
+def _driver_shard(experiment: Experiment, res: dict) -> bool:
+    """Whether this process hosts shard 0 (`cluster.driver_shard`; by default when it is the driver of a
+    one-node CPU cluster under the virtual clock without injected faults: nothing then needs the shard remote)."""
+    cfg = experiment.cfg
+    if cfg.cluster.driver_shard is not None:
+        return cfg.cluster.driver_shard
+    return (ray.get_runtime_context().get_actor_id() is None and not res.get("GPU") and not cfg.faults
+            and cfg.system.clock.mode == "virtual" and sum(n["Alive"] for n in ray.nodes()) == 1)
+
+
+def launch(experiment: Experiment) -> ClientFleet:
+    """Start the client actors of a run, without their data: the runner launches them before it builds the
+    data, so their processes boot meanwhile (about 2 s a process: a Ray worker, then torch)."""
+    cfg = experiment.cfg
+    res = ray.cluster_resources()
+    n_actors, per_actor = cfg.actor_layout(int(res.get("CPU", 1)))
+    r = client_resources(cfg.cluster, n_actors, res.get("CPU", 1), res.get("GPU", 0))
+    if n_actors * r.num_cpus > res.get("CPU", 1) + 1e-9:
+        raise ConfigError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
+                          f" cluster's {res.get('CPU', 1):g} CPUs; the actors could never all start")
+    bad = sorted(f.actor for f in cfg.faults if f.actor >= n_actors)
+    if bad:
+        raise ConfigError(f"faults: actor {bad[0]} does not exist; this run has client actors 0..{n_actors - 1}")
+    # real clock: one call per client; late ones still sleep while the next round starts
+    concurrency = 2 * per_actor if cfg.system.clock.mode == "real" else 1
+    n, here = cfg.data.num_clients, _driver_shard(experiment, res)
+    actors = {}
+    for i in range(1 if here else 0, n_actors):
+        # a range, not a list: 500k ids would make a constructor argument that Ray keeps in the object
+        # store, and flags for an actor that may restart
+        clients = range(i * per_actor, min(n, (i + 1) * per_actor))
+        # mypy ignores class decorators: it does not see that @ray.remote made ClientActor an ActorClass
+        actors[i] = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,  # type: ignore[attr-defined]
+                                        scheduling_strategy=client_scheduling()).remote(
+            experiment, clients, r.torch_threads, r.cuda_memory_fraction, i)
+    return ClientFleet(actors, n_actors, per_actor, r, here)
+
+
 class RoundServer:
     """The server's side of a run on Ray, on one torch thread (as every client actor, so the numbers
     do not depend on where it runs); `close` stops the client actors and gives the thread count back."""
 
-    def __init__(self, experiment: Experiment, data: dict, run_dir: str | None = None):
+    def __init__(self, experiment: Experiment, data: dict, run_dir: str | None = None, fleet: ClientFleet | None = None):
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
         self.experiment = experiment.install()
@@ -49,46 +104,23 @@ class RoundServer:
         self.replay: list[tuple[int, dict[int, list[int]], Any]] = []  # rounds since: (round, shard -> clients, broadcast ref)
         self.faults = {(f.round, f.actor) for f in self.cfg.faults}
         self.restarts = 0
-
-    def _driver_shard(self, res: dict) -> bool:
-        """Whether this process hosts shard 0 (`cluster.driver_shard`; by default when it is the driver of a
-        one-node CPU cluster under the virtual clock without injected faults: nothing then needs the shard remote)."""
-        if self.cfg.cluster.driver_shard is not None:
-            return self.cfg.cluster.driver_shard
-        return (ray.get_runtime_context().get_actor_id() is None and not res.get("GPU") and not self.faults
-                and self.cfg.system.clock.mode == "virtual" and sum(n["Alive"] for n in ray.nodes()) == 1)
+        self.fleet = fleet  # client actors launched before the data were built, if any
 
     def start(self) -> dict:
-        """Create the client actors (each reads only its clients' rows), and shard 0 here when the driver
-        hosts it while they start; wait until all are ready."""
+        """Load the client actors (launched now, unless the runner launched them before the data) with their
+        clients' rows, and build shard 0 here while they read when the driver hosts it; wait until all are ready."""
         t0 = time.perf_counter()
-        res = ray.cluster_resources()
-        n_actors, self.per_actor = self.cfg.actor_layout(int(res.get("CPU", 1)))
-        r = client_resources(self.cfg.cluster, n_actors, res.get("CPU", 1), res.get("GPU", 0))
-        if n_actors * r.num_cpus > res.get("CPU", 1) + 1e-9:
-            raise ConfigError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
-                             f" cluster's {res.get('CPU', 1):g} CPUs; the actors could never all start")
-        bad = sorted(a for _, a in self.faults if a >= n_actors)
-        if bad:
-            raise ConfigError(f"faults: actor {bad[0]} does not exist; this run has client actors 0..{n_actors - 1}")
-        # real clock: one call per client; late ones still sleep while the next round starts
-        concurrency = 2 * self.per_actor if self.cfg.system.clock.mode == "real" else 1
-        n = self.engine.fed.num_clients
-        here = self._driver_shard(res)
-        for i in range(1 if here else 0, n_actors):
-            # a range, not a list: 500k ids would make a constructor argument that Ray keeps in the object
-            # store, and flags for an actor that may restart
-            clients = range(i * self.per_actor, min(n, (i + 1) * self.per_actor))
-            # mypy ignores class decorators: it does not see that @ray.remote made ClientActor an ActorClass
-            actor = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,  # type: ignore[attr-defined]
-                                        scheduling_strategy=client_scheduling()).remote(
-                self.experiment, self.data, clients, r.torch_threads, r.cuda_memory_fraction, i)
-            self.actors[i] = actor
-        if here:
-            self.local = ClientShard(self.experiment, self.data, range(min(n, self.per_actor)), r.torch_threads)
+        fleet = self.fleet or launch(self.experiment)
+        self.fleet, self.actors, self.per_actor = None, fleet.actors, fleet.per_actor
+        loads = [a.load.remote(self.data) for a in self.actors.values()]
+        if fleet.here:
+            self.local = ClientShard(self.experiment, self.data, range(min(self.engine.fed.num_clients, self.per_actor)),
+                                     fleet.resources.torch_threads)
+        ray.get(loads)
         nodes = [info["node"] for info in ray.get([a.ready.remote() for a in self.actors.values()])]
+        r = fleet.resources
         return {"backend": "ray", "server": "driver" if ray.get_runtime_context().get_actor_id() is None else "actor",
-                "shards": n_actors, "actors": len(self.actors), "driver_shard": here,
+                "shards": fleet.shards, "actors": len(self.actors), "driver_shard": fleet.here,
                 "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
                 "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "actor_nodes": nodes,
                 "actors_s": time.perf_counter() - t0}
@@ -112,6 +144,8 @@ class RoundServer:
         """Stop the client actors; the process gets its torch thread count back."""
         for actor in self.actors.values() if ray.is_initialized() else []:
             ray.kill(actor)
+        if self.fleet is not None:  # launched, but start() never came
+            self.fleet.close()
         self.actors, self.local = {}, None
         torch.set_num_threads(self.threads)
 
@@ -140,9 +174,9 @@ class RoundServer:
         self.restarts += 1
         actor = self.actors[shard]
         deadline = time.monotonic() + RESTART_TIMEOUT_S
-        while True:  # Ray restarts the process (max_restarts); calls fail until it is back
+        while True:  # Ray restarts the process (max_restarts) without its data; calls fail until it is back
             try:
-                ray.get(actor.ready.remote())
+                ray.get(actor.load.remote(self.data))
                 break
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:

@@ -29,15 +29,21 @@ def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     return ray_session.ensure(address or cfg.cluster.address, cfg.cluster.num_cpus)
 
 
-def ray_server(experiment: Experiment, data: dict, run_dir: Path, address: str | None):
-    """The server of a Ray run: in this process (`cluster.server: driver`), or as an actor behind
-    the calls of `raysim.local.LocalServer` (`actor`; `auto` picks it for a Ray Client address)."""
+def server_in_driver(cfg: ExperimentConfig, address: str | None) -> bool:
+    """Whether a Ray run's server is this process (`cluster.server: driver`) or an actor (`actor`; `auto`
+    picks it for a Ray Client address)."""
+    where = cfg.cluster.server
+    return where == "driver" or (where == "auto" and not (address or "").startswith("ray://"))
+
+
+def ray_server(experiment: Experiment, data: dict, run_dir: Path, address: str | None, fleet: Any = None):
+    """The server of a Ray run: in this process, with the client actors `fleet` if they were launched
+    already, or as an actor behind the calls of `raysim.local.LocalServer`."""
     from raysim.actors.server import RoundServer
 
-    where = experiment.cfg.cluster.server
-    if where == "auto":
-        where = "actor" if (address or "").startswith("ray://") else "driver"
-    return RoundServer(experiment, data, str(run_dir)) if where == "driver" else RemoteServer(experiment, data, run_dir)
+    if server_in_driver(experiment.cfg, address):
+        return RoundServer(experiment, data, str(run_dir), fleet)
+    return RemoteServer(experiment, data, run_dir)
 
 
 class RemoteServer:
@@ -137,31 +143,37 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
     writer = RunWriter(run_dir, resume_round=done if resume is not None else None)
     t_start = time.perf_counter()
     started_ray = False
-    server = None
+    server = fleet = None
     hooks = [*build_callbacks(cfg.callbacks), *(callbacks or []), *([RoundCallback(on_round)] if on_round else [])]
     ctx = RunContext(run_dir, cfg, done)
     started: list[Callback] = []
     status = "failed"
     try:
+        experiment = Experiment.of(cfg)
+        where = address or cfg.cluster.address
+        if cfg.backend == "ray":  # Ray, then the client actors, first: their processes boot while the data are built
+            started_ray = ensure_ray(cfg, address)
+            if server_in_driver(cfg, where):
+                from raysim.actors.server import launch
+
+                fleet = launch(experiment)
+        t_ray = time.perf_counter()
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
         LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resume is not None else f"writing {run_dir}")
         save_federated(fed, run_dir / "data")
         t_data = time.perf_counter()
         LOGGER.info("data: %d clients, %d training and %d test samples (%.1f s)", fed.num_clients, fed.num_train,
-                    fed.num_test, t_data - t_start)
-        if cfg.backend == "ray":
-            started_ray = ensure_ray(cfg, address)
-        t_ray = time.perf_counter()
-        if cfg.backend == "ray":
-            LOGGER.info("ray: %s (%.1f s)", "started" if started_ray else "connected", t_ray - t_data)
-        experiment = Experiment.of(cfg)
-        server = (ray_server(experiment, fed.to_dict(), run_dir, address or cfg.cluster.address) if cfg.backend == "ray"
+                    fed.num_test, t_data - t_ray)
+        if cfg.backend == "ray":  # logged after the data: a mistake in them stays the only line
+            LOGGER.info("ray: %s (%.1f s)", "started" if started_ray else "connected", t_ray - t_start)
+        server = (ray_server(experiment, fed.to_dict(), run_dir, where, fleet) if cfg.backend == "ray"
                   else LocalServer(experiment, fed.to_dict(), run_dir))
+        fleet = None  # the server owns the actors now
         layout = server.start()
-        LOGGER.info("actors: %s (%.1f s)", _layout_line(layout), time.perf_counter() - t_ray)
+        LOGGER.info("actors: %s (%.1f s)", _layout_line(layout), time.perf_counter() - t_data)
         if resume is not None:
             server.resume()
-        writer.status(data_s=t_data - t_start, ray_s=t_ray - t_data,
+        writer.status(data_s=t_data - t_ray, ray_s=t_ray - t_start,
                       startup_s=time.perf_counter() - t_start, resumed_from=done, **layout)
         for cb in hooks:
             cb.on_run_start(ctx)
@@ -200,6 +212,8 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
             cb.on_run_end(ctx, status)
         if server is not None:
             server.close()
+        if fleet is not None:  # launched, then the data failed
+            fleet.close()
         if started_ray:
             ray.shutdown()
     return RunResult.load(run_dir)

@@ -1,10 +1,12 @@
 """End-to-end runs: results on disk, failures that keep results, user algorithms on actors, resume after a kill."""
 import json
+import time
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import ray
 
 import raysim
 from raysim import Algorithm, register_algorithm
@@ -137,3 +139,19 @@ def test_a_run_needs_a_config_unless_it_resumes(tmp_path):
     """`config` may be None only with resume=: otherwise a ConfigError in one line, not a TypeError from Path(None)."""
     with pytest.raises(raysim.ConfigError, match="no config given"):
         raysim.run(None, out=tmp_path / "run")
+
+
+def test_client_actors_launched_before_the_data_are_stopped_when_the_data_fail(ray_cluster, tmp_path):
+    """The client actors start while the data are built; a data file that is missing still fails in one DataError,
+    and the actors launched for the run give their CPUs back to the session's Ray."""
+    from raysim.errors import DataError
+
+    cpus = ray.cluster_resources()["CPU"]
+    with pytest.raises(DataError, match="data.path"):
+        raysim.run(SMALL, {"data.source": "parquet", "data.path": str(tmp_path / "missing.parquet"),
+                           "data.label_column": "y", "data.partition.kind": "iid", "cluster.driver_shard": False},
+                   out=tmp_path / "nodata")
+    deadline = time.monotonic() + 60  # ray.kill returns before the raylet frees the actors' resources
+    while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == cpus
