@@ -75,7 +75,8 @@ class ClientShard:
         self.algo = experiment.algorithm_for(self.fed, device)
         dtype = DTYPES[self.cfg.model.dtype]
         ids, offsets, x, y = read_client_block(self.fed.train_path, clients)
-        self.data = ClientRows(ids, offsets, torch.tensor(x, dtype=dtype, device=device), torch.tensor(y, device=device))
+        # as_tensor: the block's own arrays become the tensors (no second copy) where the dtype already fits
+        self.data = ClientRows(ids, offsets, torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, device=device))
         self.shard, self.clients = shard, clients
         self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
         self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}

@@ -130,23 +130,29 @@ def _column(values: np.ndarray, width: int) -> pa.Array:
     return flat if width == 0 else pa.FixedSizeListArray.from_arrays(flat, width)
 
 
-def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, meta: dict[str, Any]) -> None:
-    """Write one table atomically: a temporary file in the same folder, then os.replace."""
+def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, rows: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write one table atomically: a temporary file in the same folder, then os.replace. `rows` picks the
+    rows of x and y to write, in order, gathered one row group at a time, so the written split is never a
+    second copy of the features in memory."""
     width = math.prod(meta["feature_shape"])
     y_width = math.prod(meta["target_shape"]) if meta["target_shape"] else 0
-    table = pa.table({
-        "client_id": pa.array(client_id, pa.int64()),
-        "x": _column(x, width),
-        "y": _column(y, y_width),
-    }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+
+    def group(a: int, b: int) -> pa.Table:
+        take = rows[a:b]
+        return pa.table({
+            "client_id": pa.array(client_id[a:b], pa.int64()),
+            "x": _column(x[take], width),
+            "y": _column(y[take], y_width),
+        }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+
     row_bytes = x.itemsize * width + y.itemsize * max(y_width, 1) + 8
     bounds = _row_group_bounds(client_id, max(1, ROW_GROUP_BYTES // row_bytes))
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with pq.ParquetWriter(tmp, table.schema, compression="none", use_dictionary=False,
+        with pq.ParquetWriter(tmp, group(0, 0).schema, compression="none", use_dictionary=False,
                               sorting_columns=[pq.SortingColumn(0)]) as writer:
             for a, b in zip(bounds[:-1], bounds[1:]):
-                writer.write_table(table.slice(a, b - a), row_group_size=b - a)
+                writer.write_table(group(a, b), row_group_size=b - a)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -186,13 +192,13 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
                     natural=src.natural_clients[train] if natural and src.natural_clients is not None else None)
     shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
     order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
-    rows = np.flatnonzero(train)[order]  # one gather: x[train][order] would hold a second copy of the features
     meta = {"feature_shape": list(src.feature_shape), "target_shape": list(src.y.shape[1:])}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, test_path = out_dir / "train.parquet", out_dir / "test.parquet"
-    _write(train_path, ids[order], src.x[rows], src.y[rows], meta)
-    _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x[test], src.y[test], meta)
+    # the training rows by client, gathered a row group at a time: never a second copy of the features
+    _write(train_path, ids[order], src.x, src.y, np.flatnonzero(train)[order], meta)
+    _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x, src.y, np.flatnonzero(test), meta)
     sizes = np.bincount(ids, minlength=cfg.num_clients).astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
@@ -272,6 +278,8 @@ def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.n
     lo, hi = (int(ids[0]), int(ids[-1])) if ids.size else (0, -1)
     table = pq.read_table(path, filters=[("client_id", ">=", lo), ("client_id", "<=", hi)], memory_map=True)
     cid, x, y = _table_arrays(table)
+    del table
+    pa.default_memory_pool().release_unused()  # the decoded table's pages go back to the system, not to Arrow's cache
     if len(ids) != hi - lo + 1:  # not one run of ids: keep the requested clients' rows only
         keep = np.isin(cid, ids)
         cid, x, y = cid[keep], x[keep], y[keep]
@@ -285,16 +293,18 @@ def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.n
 
 
 def _table_arrays(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(client_id, x, y) of every row of `table`, in its order; x of shape (n, *feature_shape)."""
-    table = table.combine_chunks()
+    """(client_id, x, y) of every row of `table`, in its order; x of shape (n, *feature_shape). One copy out of
+    the (memory-mapped) batches into arrays of our own: no combined Arrow table beside them, which Arrow's
+    allocator would keep hold of after it is freed."""
     shapes = _shapes(table)
-    batches = table.to_batches()
-    if not batches:
+    parts = [_batch_arrays(batch, shapes) for batch in table.to_batches() if len(batch)]
+    if not parts:
         x_type, y_type = table.schema.field("x").type.value_type, table.schema.field("y").type
         y_type = getattr(y_type, "value_type", y_type)
         return (np.empty(0, dtype=np.int64), np.empty((0, *shapes[0]), dtype=x_type.to_pandas_dtype()),
                 np.empty((0, *shapes[1]), dtype=y_type.to_pandas_dtype()))
-    return _batch_arrays(batches[0], shapes)
+    cid, x, y = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return cid, x, y
 
 
 def read_table_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
