@@ -51,11 +51,13 @@ def apportion_rows(totals: np.ndarray, weights: np.ndarray, minimum: int = 0) ->
     rest = np.asarray(totals, dtype=np.int64) - minimum * weights.shape[1]
     weights = np.where(weights.sum(axis=1, keepdims=True) <= 0, 1.0, weights)
     exact = rest[:, None] * weights / weights.sum(axis=1, keepdims=True)
+    del weights  # each (rows x columns) temporary goes as soon as it is used: 10^6 rows make 80 MB each
     sizes = np.floor(exact).astype(np.int64)
     short = rest - sizes.sum(axis=1)
     order = np.argsort(sizes - exact, axis=1, kind="stable")  # the largest remainders first
+    del exact
     rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(weights.shape[1])[None].repeat(len(order), axis=0), axis=1)
+    np.put_along_axis(rank, order, np.arange(order.shape[1])[None], axis=1)
     return sizes + (rank < short[:, None]) + minimum
 
 
