@@ -144,8 +144,6 @@ class RoundServer:
         """Stop the client actors; the process gets its torch thread count back."""
         for actor in self.actors.values() if ray.is_initialized() else []:
             ray.kill(actor)
-        if self.fleet is not None:  # launched, but start() never came
-            self.fleet.close()
         self.actors, self.local = {}, None
         torch.set_num_threads(self.threads)
 

@@ -105,7 +105,7 @@ class RunWriter:
         self.info: dict[str, Any] = {"status": "running"}
         self.flush_every_s = flush_every_s
         self.pending: list[dict[str, Any]] = []  # client rows not yet written
-        self.unwritten: list[int] = []  # rounds added since the last write
+        self.written = 0  # rounds[:written] are on disk
         self.written_at = time.monotonic()
         if resume_round is not None:
             rounds = run_dir / "rounds.parquet"
@@ -121,25 +121,25 @@ class RunWriter:
                     write_parquet(kept, self.clients_dir / f"round-{first:06d}-{resume_round:06d}.parquet")
             info = run_dir / "run.json"
             self.info = {**(json.loads(info.read_text()) if info.exists() else {}), "status": "running"}
+        self.written = len(self.rounds)
 
     def add(self, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
         """Take a finished round's rows; write if the last write is `flush_every_s` old."""
         self.rounds.append(row)
         self.pending += client_rows
-        self.unwritten.append(row["round"])
         if time.monotonic() - self.written_at >= self.flush_every_s:
             self.flush()
 
     def flush(self) -> None:
         """Write every round added so far: rounds.parquet, and one clients part for the rounds since the last write."""
-        if not self.unwritten:
+        if self.written == len(self.rounds):
             return
         write_parquet(self.rounds, self.run_dir / "rounds.parquet")
         if self.pending:
-            first, last = self.unwritten[0], self.unwritten[-1]
+            first, last = self.rounds[self.written]["round"], self.rounds[-1]["round"]
             name = f"round-{first:06d}" + (f"-{last:06d}" if last != first else "")
             write_parquet(self.pending, self.clients_dir / f"{name}.parquet")
-        self.pending, self.unwritten, self.written_at = [], [], time.monotonic()
+        self.pending, self.written, self.written_at = [], len(self.rounds), time.monotonic()
 
     def status(self, **info: Any) -> None:
         """Record run metadata (status, start-up times, error) in run.json, after the rounds it speaks of."""

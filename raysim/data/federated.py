@@ -245,46 +245,30 @@ def _shapes(table: pa.Table) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """{client: (x, y)} for exactly the requested clients, read through a memory map.
-
-    Only the row groups that hold these clients are read (the filter on client_id prunes the
-    rest by their statistics). x has shape (n_c, *feature_shape) in the stored dtype; y holds int64
-    labels or float targets of shape (n_c, *target_shape). The arrays
-    are read-only views of the Arrow buffers (one copy only for a client that spans row groups).
+    """{client: (x, y)} for exactly the requested clients, in the order asked (`read_client_block`, split
+    per client). x has shape (n_c, *feature_shape) in the stored dtype; y holds int64 labels or float
+    targets of shape (n_c, *target_shape); both are read-only views of the one block read for them all.
     Raises KeyError for a client with no rows in the file.
     """
-    wanted = list(dict.fromkeys(int(c) for c in client_ids))
-    if not wanted:
-        return {}
-    table = pq.read_table(path, filters=[("client_id", "in", wanted)], memory_map=True)
-    shape = _shapes(table)
-    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {c: [] for c in wanted}
-    for batch in filter(len, table.to_batches()):
-        cid, x, y = _batch_arrays(batch, shape)
-        edges = np.flatnonzero(np.diff(cid)) + 1
-        for a, b in zip([0, *edges], [*edges, len(cid)]):
-            parts[int(cid[a])].append((x[a:b], y[a:b]))
-    missing = [c for c, p in parts.items() if not p]
-    if missing:
-        raise KeyError(f"clients {missing} have no rows in {path}")
-    return {c: p[0] if len(p) == 1 else (np.concatenate([x for x, _ in p]), np.concatenate([y for _, y in p]))
-            for c, p in parts.items()}
+    ids, offsets, x, y = read_client_block(path, client_ids)
+    x.flags.writeable = y.flags.writeable = False
+    at = {int(c): i for i, c in enumerate(ids)}
+    return {c: (x[offsets[at[c]]:offsets[at[c] + 1]], y[offsets[at[c]]:offsets[at[c] + 1]])
+            for c in dict.fromkeys(int(c) for c in client_ids)}
 
 
 def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(ids, offsets, x, y): exactly the requested clients as one block of rows, client ids[i]'s rows being
-    x[offsets[i]:offsets[i + 1]] in file order (ids sorted). One range filter on client_id prunes the other
-    row groups, so a shard of 500,000 clients is read in one pass, with no Python object per client.
-    Raises KeyError for a client with no rows in the file."""
+    x[offsets[i]:offsets[i + 1]] in file order (ids sorted). The filter on client_id prunes the other row
+    groups: for a run of ids (a shard) a range, so 500,000 clients are read in one pass with no Python object
+    per client; for scattered ids their list. Raises KeyError for a client with no rows in the file."""
     ids = np.unique(np.asarray(list(client_ids), dtype=np.int64))
     lo, hi = (int(ids[0]), int(ids[-1])) if ids.size else (0, -1)
-    table = pq.read_table(path, filters=[("client_id", ">=", lo), ("client_id", "<=", hi)], memory_map=True)
+    wanted = [("client_id", ">=", lo), ("client_id", "<=", hi)] if len(ids) == hi - lo + 1 else [("client_id", "in", ids.tolist())]
+    table = pq.read_table(path, filters=wanted, memory_map=True)
     cid, x, y = _table_arrays(table)
     del table
     pa.default_memory_pool().release_unused()  # the decoded table's pages go back to the system, not to Arrow's cache
-    if len(ids) != hi - lo + 1:  # not one run of ids: keep the requested clients' rows only
-        keep = np.isin(cid, ids)
-        cid, x, y = cid[keep], x[keep], y[keep]
     if np.any(np.diff(cid) < 0):  # a stable sort keeps each client's rows in file order
         order = np.argsort(cid, kind="stable")
         cid, x, y = cid[order], x[order], y[order]
