@@ -13,7 +13,7 @@ import torch
 
 from raysim import checkpoint
 from raysim.contract import Cost, EvalData, Plan
-from raysim.data import FederatedData, read_table_arrays
+from raysim.data import FederatedData, read_rows, read_table_arrays
 from raysim.experiment import Experiment
 from raysim.models import DTYPES
 from raysim.reduction import root_size, tree_reduce
@@ -25,10 +25,11 @@ from raysim.system import Ledger, RoundTiming, SystemModel, payload_bytes
 def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int) -> EvalData:
     """The test set and a seeded sample of at most `train_samples` pooled training samples."""
     tx, ty = read_table_arrays(fed.test_path)
-    x, y = read_table_arrays(fed.train_path)
-    if len(y) > train_samples:
-        keep = np.sort(stream(seed, SETUP, SERVER, "eval_train").choice(len(y), train_samples, replace=False))
-        x, y = x[keep], y[keep]
+    if fed.num_train > train_samples:
+        keep = np.sort(stream(seed, SETUP, SERVER, "eval_train").choice(fed.num_train, train_samples, replace=False))
+        x, y = read_rows(fed.train_path, keep)
+    else:
+        x, y = read_table_arrays(fed.train_path)
     return EvalData(torch.tensor(tx, dtype=dtype), torch.tensor(ty), torch.tensor(x, dtype=dtype), torch.tensor(y))
 
 

@@ -3,7 +3,7 @@
 Paper-specific sources live in their family's plugin (`raysim.algorithms.<family>.sources`).
 """
 from raysim.data.config import DataConfig, PartitionConfig
-from raysim.data.federated import FederatedData, build_federated, read_client_block, read_clients, read_table_arrays
+from raysim.data.federated import FederatedData, build_federated, read_client_block, read_clients, read_rows, read_table_arrays
 from raysim.data.partition import partition, register_partitioner
 from raysim.data.sources import Source, load_source, register_source
 from raysim.data import vision  # noqa: F401  (registers fashion_mnist, cifar10, svhn, cinic10, digits28)
@@ -19,6 +19,7 @@ __all__ = [
     "partition",
     "read_client_block",
     "read_clients",
+    "read_rows",
     "read_table_arrays",
     "register_partitioner",
     "register_source",

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.data.config import DataConfig
-from raysim.data.partition import NATURAL, apportion_rows, partition, sample_per_group
+from raysim.data.partition import NATURAL, apportion_rows, dense_index, partition, sample_per_group
 from raysim.data.sources import load_source
 from raysim.errors import DataError
 from raysim.atomic import atomic_write_bytes
@@ -93,12 +93,12 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
     every group keeps at least (1 - fraction) of its samples.
     """
     n = len(labels)
-    label_index = np.unique(labels, return_inverse=True)[1]
+    label_index = dense_index(labels)
     if groups is None:
         groups = np.zeros(n, dtype=np.int64)
         totals = np.array([min(max(round(fraction * n), 1), n - 1)])
     else:
-        groups = np.unique(groups, return_inverse=True)[1]
+        groups = dense_index(groups)
         totals = np.floor(fraction * np.bincount(groups)).astype(np.int64)
     num_labels = int(label_index.max()) + 1
     strata = groups * num_labels + label_index
@@ -297,3 +297,18 @@ def read_table_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a file as (x, y), in file order; x of shape (n, *feature_shape)."""
     _, x, y = _table_arrays(pq.read_table(path, memory_map=True))
     return x, y
+
+
+def read_rows(path: str | Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `rows` (sorted file positions) of a file as (x, y), read a row group at a time: a sample of
+    a large file never holds more of it than one row group beside the rows kept."""
+    file = pq.ParquetFile(path, memory_map=True)
+    ends = np.cumsum([0] + [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)])
+    bounds = np.searchsorted(rows, ends)  # group g holds rows[bounds[g]:bounds[g + 1]]
+    _, x, y = _table_arrays(file.schema_arrow.empty_table())
+    parts = [(x, y)]
+    for g in np.flatnonzero(np.diff(bounds)):
+        _, x, y = _table_arrays(file.read_row_group(g))
+        local = rows[bounds[g]:bounds[g + 1]] - ends[g]
+        parts.append((x[local], y[local]))
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

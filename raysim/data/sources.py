@@ -186,7 +186,7 @@ def synthetic(cfg: DataConfig, seed: int) -> Source:
     x, y = np.empty((int(sizes.sum()), d), np.float32), np.empty(int(sizes.sum()), np.int64)
     first = np.concatenate([[0], np.cumsum(sizes)])
     for a, b in _client_blocks(sizes):
-        x[first[a]:first[b]], y[first[a]:first[b]] = _synthetic_block(rng, u[a:b], v[a:b], sizes[a:b], c)
+        _synthetic_block(rng, u[a:b], v[a:b], sizes[a:b], x[first[a]:first[b]], y[first[a]:first[b]])
     return Source(x, y, (d,), c, natural_clients=np.repeat(np.arange(k, dtype=np.int64), sizes))
 
 
@@ -204,29 +204,32 @@ def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int]]:
 
 
 def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, sizes: np.ndarray,
-                     c: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of consecutive clients with means u (classes) and v (features), from one draw of standard normals.
+                     x_out: np.ndarray, y_out: np.ndarray) -> None:
+    """x_out, y_out of consecutive clients with means u (classes) and v (features), from one draw of standard normals.
 
     Each client takes W_k (d x c), then b_k (c), then its x rows from the stream, in client order, as a loop
     over clients drawing `normal(u_k, 1)` and `standard_normal` would: the numbers do not depend on the blocks.
     """
-    m, d = v.shape
-    per_client = d * c + c + sizes * d
-    z = rng.standard_normal(int(per_client.sum()))
-    start = np.concatenate([[0], np.cumsum(per_client)[:-1]])
-    w = u[:, None, :] + z[start[:, None] + np.arange(d * c)].reshape(m, d, c)
-    b = u + z[start[:, None] + d * c + np.arange(c)]
+    (m, d), c = v.shape, u.shape[1]
+    head = d * c + c  # W_k and b_k: the stream alternates a client's head and its x rows
+    z = rng.standard_normal(int(m * head + sizes.sum() * d))
+    is_x = np.repeat(np.tile([False, True], m), np.column_stack([np.full(m, head), sizes * d]).reshape(-1))
+    heads = z[~is_x].reshape(m, head)
+    w = u[:, None, :] + heads[:, :d * c].reshape(m, d, c)
+    b = u + heads[:, d * c:]
     owner = np.repeat(np.arange(m), sizes)
     first = np.cumsum(sizes) - sizes
-    row = np.arange(len(owner)) - np.repeat(first, sizes)  # a sample's row within its client
     scale = np.arange(1, d + 1) ** -0.6  # sqrt of the covariance diagonal j^-1.2
-    x = v[owner] + z[(start[owner] + d * c + c + row * d)[:, None] + np.arange(d)] * scale
+    x = z[is_x].reshape(-1, d)
+    x *= scale
+    x += v[owner]  # v_k + z·scale, in place
     logits = np.empty((len(owner), c))
     for n in np.unique(sizes):  # clients of one size as a stack: each product is the loop's own x_k @ W_k
         same = np.flatnonzero(sizes == n)
         rows = first[same][:, None] + np.arange(n)
         logits[rows] = np.matmul(x[rows], w[same])
-    return x.astype(np.float32), np.argmax(logits + b[owner], axis=1)
+    x_out[:] = x  # rounded to float32 in place: no block-sized copy, no second pass over the pooled array
+    np.argmax(logits + b[owner], axis=1, out=y_out)
 
 
 def class_indices(values: np.ndarray) -> tuple[np.ndarray, int]:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.data import DataConfig, FederatedData, build_federated, read_client_block, read_clients, read_table_arrays
+from raysim.data import DataConfig, FederatedData, build_federated, read_client_block, read_clients, read_rows, read_table_arrays
 from raysim.data import federated
 
 
@@ -94,6 +94,17 @@ def test_a_client_block_holds_each_clients_rows_at_its_offsets_in_file_order(tmp
         assert got[i] == c and np.array_equal(x[offsets[i]:offsets[i + 1]], cx) and np.array_equal(y[offsets[i]:offsets[i + 1]], cy)
     with pytest.raises(KeyError, match=r"clients \[10\]"):
         read_client_block(fd.train_path, [3, 10])
+
+
+@pytest.mark.parametrize("rows", [[], [0], [5, 39, 40, 41, 700, 1437], list(range(1438))], ids=["none", "first", "spread", "all"])
+def test_read_rows_reads_exactly_those_rows_across_row_groups(tmp_path, monkeypatch, rows):
+    """The evaluation's training sample: rows at file positions, across row groups of 40 rows (and at their edges)."""
+    monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 40 * (64 * 4 + 16))
+    fd = digits(tmp_path)
+    full_x, full_y = read_table_arrays(fd.train_path)
+    x, y = read_rows(fd.train_path, np.array(rows, dtype=np.int64))
+    assert x.shape == (len(rows), 64) and x.dtype == full_x.dtype and y.dtype == full_y.dtype
+    assert np.array_equal(x, full_x[rows]) and np.array_equal(y, full_y[rows])
 
 
 def test_row_groups_keep_small_clients_whole_so_filters_prune(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 
 from raysim.data import PartitionConfig, partition, register_partitioner
 from raysim.plugins import PARTITIONERS
-from raysim.data.partition import apportion, apportion_rows, dirichlet_classes
+from raysim.data.partition import apportion, apportion_rows, dense_index, dirichlet_classes
 from raysim.rng import SERVER, SETUP, stream
 
 KINDS = ["iid", "dirichlet", "shards", "quantity"]
@@ -163,3 +163,13 @@ def test_dirichlet_classes_numpy_seed_is_the_fedfisher_codes_split(labels, seed,
 def test_numpy_seed_is_only_for_dirichlet_classes():
     with pytest.raises(ValueError, match="numpy_seed: only kind 'dirichlet_classes'"):
         PartitionConfig(kind="dirichlet", numpy_seed=3)
+
+
+@pytest.mark.parametrize("values", [
+    [3, 3, 0, 7, 7, 7, 2], [0, 1, 2, 3], [5], [-2, 4, -2, 9], [10**12, 1, 10**12], [2.5, -1.0, 2.5],
+    list(np.random.default_rng(0).integers(0, 50, 1000)), np.uint8([9, 1, 9])], ids=str)
+def test_dense_index_is_uniques_inverse(values):
+    """Each value's rank among the distinct values, as np.unique's inverse: gaps, negatives, huge ids, floats."""
+    values = np.asarray(values)
+    got = dense_index(values)
+    assert got.dtype.kind == "i" and np.array_equal(got, np.unique(values, return_inverse=True)[1])

@@ -209,3 +209,20 @@ def test_soft_label_logistic_loss_and_float_targets_through_vmap():
     loop = [algo.step(None, d, theta, stream(0, 1, d.client_id, "step")) for d in datas]
     for (rv, _, _), (rl, _, _) in zip(vec, loop):
         np.testing.assert_allclose(rv.total, rl.total, atol=1e-12)
+
+
+def test_class_metrics_are_cross_entropy_and_the_first_argmax():
+    """The evaluation's one-pass loss equals the float64 closed form log Σ exp z − z_y (large logits included,
+    where an unshifted exp overflows), and its prediction is argmax's first maximal class on ties."""
+    from raysim.training import class_metrics
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4000, 10, generator=g) * torch.tensor([1.0, 30.0, 1000.0, 0.01]).repeat(1000)[:, None]
+    y = torch.randint(0, 10, (4000,), generator=g)
+    losses, pred = class_metrics(z, y)
+    z64 = z.double()
+    exact = torch.log(torch.exp(z64 - z64.max(1, keepdim=True).values).sum(1)) + z64.max(1).values - z64[torch.arange(4000), y]
+    assert torch.allclose(losses.double(), exact, rtol=1e-6, atol=1e-5)
+    assert torch.equal(pred, z.argmax(1))
+    ties = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0], [0.0, -1.0, 0.0]])
+    assert class_metrics(ties, torch.tensor([0, 1, 2]))[1].tolist() == [1, 0, 0]
