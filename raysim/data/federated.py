@@ -8,10 +8,13 @@ filtered read of a few clients touches only their row groups.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import math
 import os
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,13 +24,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.data.config import DataConfig
-from raysim.data.partition import NATURAL, apportion_rows, dense_index, partition, sample_per_group
-from raysim.data.sources import load_source
+from raysim.data.partition import (NATURAL, apportion_rows, check_min_size, dense_index, first_per_group, inverse_permutation,
+                                   natural_clients_error, partition)
+from raysim.data.sources import ClientBlocks, load_blocks, load_source
 from raysim.errors import DataError
 from raysim.atomic import atomic_write_bytes
 from raysim.rng import SERVER, SETUP, stream
 
 ROW_GROUP_BYTES = 1 << 20
+WRITE_AHEAD = 64  # row groups queued for the writing thread (64 MB)
 TEST_CLIENT = -1
 _META_KEY = b"raysim"
 LABEL_PARTITIONERS = ("dirichlet", "dirichlet_classes", "shards")  # need class labels: not for regression sources
@@ -93,37 +98,54 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
     every group keeps at least (1 - fraction) of its samples.
     """
     n = len(labels)
-    label_index = dense_index(labels)
     if groups is None:
         groups = np.zeros(n, dtype=np.int64)
         totals = np.array([min(max(round(fraction * n), 1), n - 1)])
     else:
         groups = dense_index(groups)
-        totals = np.floor(fraction * np.bincount(groups)).astype(np.int64)
-    num_labels = int(label_index.max()) + 1
+        totals = natural_holdout(np.bincount(groups), fraction)
+    return group_holdout(labels, groups, totals, inverse_permutation(rng.permutation(n)))
+
+
+def natural_holdout(sizes: np.ndarray, fraction: float) -> np.ndarray:
+    """Test samples held out of each natural client of `sizes` samples: floor(fraction * n_g)."""
+    return np.floor(fraction * sizes).astype(np.int64)
+
+
+def group_holdout(labels: np.ndarray, groups: np.ndarray, totals: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Mask of `totals[g]` samples of each group g, apportioned over its labels, those first by `pos` in each
+    (group, label). Label values only order the strata, so a block of whole groups gives the pooled mask's part."""
+    label_index = dense_index(labels)
+    num_labels = int(label_index.max()) + 1 if len(labels) else 1
     strata = groups * num_labels + label_index
     del groups, label_index  # 10^7 samples: 80 MB each, freed before the holdout's own temporaries
     counts = np.bincount(strata, minlength=len(totals) * num_labels).reshape(len(totals), num_labels)
     take = apportion_rows(totals, counts).reshape(-1)
     del counts
-    test = np.zeros(n, dtype=bool)
-    test[sample_per_group(strata, take, rng)] = True
+    test = np.zeros(len(strata), dtype=bool)
+    test[first_per_group(strata, take, pos)] = True
     return test
 
 
-def _row_group_bounds(client_id: np.ndarray, target: int) -> list[int]:
-    """Row-group boundaries of about `target` rows that never split a client smaller than `target`.
+def _row_group_bounds(runs: np.ndarray, target: int) -> list[int]:
+    """Row-group boundaries of about `target` rows for consecutive clients of `runs` rows each that never
+    split a client smaller than `target`.
 
     A group starts at the first client starting in each window of `target` rows; a client larger
     than `target` starts its own groups of `target` rows, and the next client starts a new one.
     """
-    n = len(client_id)
-    starts = np.flatnonzero(np.diff(client_id, prepend=client_id[:1] - 1))
-    sizes = np.diff(starts, append=n)
+    sizes = np.asarray(runs, dtype=np.int64)
+    starts, n = np.cumsum(sizes) - sizes, int(sizes.sum())
     big = sizes > target
     parts: list[np.ndarray | list[int]] = [starts[np.unique(starts // target, return_index=True)[1]], starts[big] + sizes[big], [n],
              *(np.arange(s, s + m, target) for s, m in zip(starts[big], sizes[big]))]
     return [int(b) for b in np.unique(np.concatenate(parts))]
+
+
+def _runs(client_id: np.ndarray) -> np.ndarray:
+    """The lengths of the runs of equal consecutive client ids."""
+    starts = np.flatnonzero(np.diff(client_id, prepend=client_id[:1] - 1))
+    return np.diff(starts, append=len(client_id))
 
 
 def _column(values: np.ndarray, width: int) -> pa.Array:
@@ -132,32 +154,76 @@ def _column(values: np.ndarray, width: int) -> pa.Array:
     return flat if width == 0 else pa.FixedSizeListArray.from_arrays(flat, width)
 
 
-def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, rows: np.ndarray, meta: dict[str, Any]) -> None:
-    """Write one table atomically: a temporary file in the same folder, then os.replace. `rows` picks the
-    rows of x and y to write, in order, gathered one row group at a time, so the written split is never a
-    second copy of the features in memory."""
-    width = math.prod(meta["feature_shape"])
-    y_width = math.prod(meta["target_shape"]) if meta["target_shape"] else 0
+class _GroupWriter:
+    """A table written atomically (a temporary file in the same folder, then os.replace on a clean exit) from
+    rows appended in file order, as row groups of about ROW_GROUP_BYTES that never split a client smaller than
+    that (`runs`: the rows of each consecutive client). A thread writes the groups while the caller makes the
+    next rows, at most WRITE_AHEAD groups behind: the file is never whole in memory."""
 
-    def group(a: int, b: int) -> pa.Table:
-        take = rows[a:b]
+    def __init__(self, path: Path, runs: np.ndarray, meta: dict[str, Any], x_dtype: np.dtype, y_dtype: np.dtype):
+        self.path, self.meta = path, meta
+        self.width = math.prod(meta["feature_shape"])
+        self.y_width = math.prod(meta["target_shape"]) if meta["target_shape"] else 0
+        row_bytes = np.dtype(x_dtype).itemsize * self.width + np.dtype(y_dtype).itemsize * max(self.y_width, 1) + 8
+        self.bounds = _row_group_bounds(runs, max(1, ROW_GROUP_BYTES // row_bytes))[1:]
+        self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.written = self.buffered = 0
+        empty = self._table(np.empty(0, np.int64), np.empty((0, *meta["feature_shape"]), x_dtype),
+                            np.empty((0, *meta["target_shape"]), y_dtype))
+        self.tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        self.writer = pq.ParquetWriter(self.tmp, empty.schema, compression="none", use_dictionary=False,
+                                       sorting_columns=[pq.SortingColumn(0)])
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="raysim-parquet")
+        self.queued: collections.deque[Future] = collections.deque()
+
+    def _table(self, client_id: np.ndarray, x: np.ndarray, y: np.ndarray) -> pa.Table:
         return pa.table({
-            "client_id": pa.array(client_id[a:b], pa.int64()),
-            "x": _column(x[take], width),
-            "y": _column(y[take], y_width),
-        }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+            "client_id": pa.array(client_id, pa.int64()),
+            "x": _column(x, self.width),
+            "y": _column(y, self.y_width),
+        }).replace_schema_metadata({_META_KEY: json.dumps(self.meta).encode()})
 
-    row_bytes = x.itemsize * width + y.itemsize * max(y_width, 1) + 8
-    bounds = _row_group_bounds(client_id, max(1, ROW_GROUP_BYTES // row_bytes))
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with pq.ParquetWriter(tmp, group(0, 0).schema, compression="none", use_dictionary=False,
-                              sorting_columns=[pq.SortingColumn(0)]) as writer:
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                writer.write_table(group(a, b), row_group_size=b - a)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    def append(self, client_id: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+        """The next rows of the file; every row group they complete is written."""
+        self.pending.append((client_id, x, y))
+        self.buffered += len(client_id)
+        while self.bounds and self.written + self.buffered >= self.bounds[0]:
+            rows = self.bounds.pop(0) - self.written
+            parts = [np.concatenate(c) if len(self.pending) > 1 else self.pending[0][i]
+                     for i, c in enumerate(zip(*self.pending))]
+            if len(self.queued) >= WRITE_AHEAD:
+                self.queued.popleft().result()
+            self.queued.append(self.pool.submit(self.writer.write_table, self._table(*(p[:rows] for p in parts)), row_group_size=rows))
+            self.pending = [tuple(p[rows:] for p in parts)] if len(parts[0]) > rows else []  # type: ignore[list-item]
+            self.written, self.buffered = self.written + rows, self.buffered - rows
+
+    def __enter__(self) -> _GroupWriter:
+        return self
+
+    def __exit__(self, kind: type | None, *_: Any) -> None:
+        try:
+            try:
+                if kind is None:
+                    for done in self.queued:
+                        done.result()  # a failed write raises here
+                    if self.buffered or self.bounds:
+                        raise ValueError(f"{self.path}: rows appended past or short of the row groups")
+            finally:
+                self.pool.shutdown(cancel_futures=True)
+                self.writer.close()
+            if kind is None:
+                os.replace(self.tmp, self.path)
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, rows: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write one table atomically. `rows` picks the rows of x and y to write, in order, gathered one row group
+    at a time, so the written split is never a second copy of the features in memory."""
+    with _GroupWriter(path, _runs(client_id), meta, x.dtype, y.dtype) as writer:
+        ends = list(writer.bounds)
+        for a, b in zip([0, *ends[:-1]], ends):
+            writer.append(client_id[a:b], x[rows[a:b]], y[rows[a:b]])
 
 
 def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
@@ -166,6 +232,9 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     `data.partition_seed`, when set, replaces `seed` here, so the data stay fixed across experiment seeds.
     """
     seed = cfg.split_seed(seed)
+    blocks = load_blocks(cfg, seed) if cfg.partition.kind == NATURAL and cfg.test_split == "holdout" else None
+    if blocks is not None:
+        return _build_from_blocks(cfg, seed, blocks, Path(out_dir))
     src = load_source(cfg, seed)
     natural = cfg.partition.kind == NATURAL
     if natural and src.natural_clients is None:
@@ -184,36 +253,89 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
                                   src.natural_clients if natural else None)
     train = ~test
     num_train, num_test = int(train.sum()), int(test.sum())
-    need = cfg.num_clients * cfg.partition.min_size
-    if num_train < need:
-        raise DataError(
-            f"data.num_clients: {cfg.num_clients} clients x data.partition.min_size={cfg.partition.min_size} "
-            f"need {need} training samples, but source {cfg.source!r} has {len(src.y)} samples of which "
-            f"{num_test} are held out for testing, leaving {num_train}")
+    _check_train_samples(cfg, num_train, num_test)
     ids = partition(labels[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
                     natural=src.natural_clients[train] if natural and src.natural_clients is not None else None)
     shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
     order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
     meta = {"feature_shape": list(src.feature_shape), "target_shape": list(src.y.shape[1:])}
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train_path, test_path = out_dir / "train.parquet", out_dir / "test.parquet"
+    train_path, test_path = _paths(out_dir)
     # the training rows by client, gathered a row group at a time: never a second copy of the features
     _write(train_path, ids[order], src.x, src.y, np.flatnonzero(train)[order], meta)
     _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x, src.y, np.flatnonzero(test), meta)
-    sizes = np.bincount(ids, minlength=cfg.num_clients).astype(np.int64)
+    return _finish(cfg, train_path, test_path, np.bincount(ids, minlength=cfg.num_clients), meta, num_test,
+                   src.num_classes, src.image_shape)
+
+
+def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: Path) -> FederatedData:
+    """build_federated of a natural source made a block of clients at a time: the same files, bit for bit, with
+    no pooled copy of the samples. A sample's holdout and its row's place depend only on its client's samples
+    and its positions in the test-split and row-order permutations, which are drawn up front from the sizes."""
+    sizes = np.asarray(src.sizes, dtype=np.int64)
+    if len(sizes) != cfg.num_clients or not sizes.all():
+        raise natural_clients_error(int(np.count_nonzero(sizes)), cfg.num_clients)
+    held = natural_holdout(sizes, cfg.test_fraction)
+    train_sizes = sizes - held
+    num_train, num_test = int(train_sizes.sum()), int(held.sum())
+    _check_train_samples(cfg, num_train, num_test)
+    check_min_size(train_sizes, cfg.partition)
+    pos = inverse_permutation(stream(seed, SETUP, SERVER, "test_split").permutation(int(sizes.sum())))
+    rank = inverse_permutation(stream(seed, SETUP, SERVER, "row_order").permutation(num_train))
+    first, train_first = (np.concatenate([[0], np.cumsum(s)]) for s in (sizes, train_sizes))
+    blocks = iter(src.blocks)
+    a, b, x, y = next(blocks)
+    meta = {"feature_shape": list(src.feature_shape), "target_shape": list(y.shape[1:])}
+    train_path, test_path = _paths(out_dir)
+    with _GroupWriter(train_path, train_sizes, meta, x.dtype, y.dtype) as train, \
+            _GroupWriter(test_path, np.array([num_test]), meta, x.dtype, y.dtype) as test:
+        for a, b, x, y in itertools.chain([(a, b, x, y)], blocks):
+            owner = np.repeat(np.arange(b - a), sizes[a:b])
+            if len(y) != len(owner):
+                raise ValueError(f"source {cfg.source!r}: the block of clients {a}..{b - 1} has {len(y)} samples, "
+                                 f"its sizes say {len(owner)}")
+            labels = np.zeros(len(y), dtype=np.int64) if src.num_classes == 0 else y
+            out = group_holdout(labels, owner, held[a:b], pos[first[a]:first[b]])
+            rows = np.flatnonzero(~out)
+            rows = rows[np.lexsort((rank[train_first[a]:train_first[b]], owner[rows]))]  # by client, then row order
+            train.append(owner[rows] + a, x[rows], y[rows])
+            rows = np.flatnonzero(out)
+            test.append(np.full(len(rows), TEST_CLIENT, dtype=np.int64), x[rows], y[rows])
+    return _finish(cfg, train_path, test_path, train_sizes, meta, num_test, src.num_classes, src.image_shape)
+
+
+def _check_train_samples(cfg: DataConfig, num_train: int, num_test: int) -> None:
+    """DataError naming data.num_clients when the training samples cannot give every client min_size."""
+    need = cfg.num_clients * cfg.partition.min_size
+    if num_train < need:
+        raise DataError(
+            f"data.num_clients: {cfg.num_clients} clients x data.partition.min_size={cfg.partition.min_size} "
+            f"need {need} training samples, but source {cfg.source!r} has {num_train + num_test} samples of which "
+            f"{num_test} are held out for testing, leaving {num_train}")
+
+
+def _paths(out_dir: Path) -> tuple[Path, Path]:
+    """train.parquet and test.parquet in `out_dir`, created."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / "train.parquet", out_dir / "test.parquet"
+
+
+def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarray, meta: dict[str, Any], num_test: int,
+            num_classes: int, image_shape: tuple[int, ...] | None) -> FederatedData:
+    """Write the client sizes beside the training file; what was built."""
+    sizes = sizes.astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
         train_path=train_path,
         test_path=test_path,
         num_clients=cfg.num_clients,
         client_sizes=sizes,
-        feature_shape=tuple(src.feature_shape),
-        image_shape=src.image_shape,
-        num_classes=src.num_classes,
-        num_train=num_train,
+        feature_shape=tuple(meta["feature_shape"]),
+        image_shape=image_shape,
+        num_classes=num_classes,
+        num_train=int(sizes.sum()),
         num_test=num_test,
-        target_shape=tuple(src.y.shape[1:]),
+        target_shape=tuple(meta["target_shape"]),
     )
 
 
@@ -238,9 +360,9 @@ def _batch_arrays(batch: pa.RecordBatch, shapes: tuple[tuple[int, ...], tuple[in
     return cid, x, y
 
 
-def _shapes(table: pa.Table) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _shapes(schema: pa.Schema) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(feature_shape, target_shape) from the file's metadata."""
-    meta = json.loads(table.schema.metadata[_META_KEY])
+    meta = json.loads(schema.metadata[_META_KEY])
     return tuple(meta["feature_shape"]), tuple(meta.get("target_shape", ()))
 
 
@@ -259,16 +381,25 @@ def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple
 
 def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(ids, offsets, x, y): exactly the requested clients as one block of rows, client ids[i]'s rows being
-    x[offsets[i]:offsets[i + 1]] in file order (ids sorted). The filter on client_id prunes the other row
-    groups: for a run of ids (a shard) a range, so 500,000 clients are read in one pass with no Python object
-    per client; for scattered ids their list. Raises KeyError for a client with no rows in the file."""
+    x[offsets[i]:offsets[i + 1]] in file order (ids sorted). Row groups whose client_id statistics miss the ids
+    are skipped; the others are read one at a time into arrays sized from a first pass over their client_id
+    column, so 500,000 clients (a shard) take their own rows' memory and one row group's, with no Python object
+    per client. Raises KeyError for a client with no rows in the file."""
     ids = np.unique(np.asarray(list(client_ids), dtype=np.int64))
     lo, hi = (int(ids[0]), int(ids[-1])) if ids.size else (0, -1)
-    wanted = [("client_id", ">=", lo), ("client_id", "<=", hi)] if len(ids) == hi - lo + 1 else [("client_id", "in", ids.tolist())]
-    table = pq.read_table(path, filters=wanted, memory_map=True)
-    cid, x, y = _table_arrays(table)
-    del table
-    pa.default_memory_pool().release_unused()  # the decoded table's pages go back to the system, not to Arrow's cache
+    run = len(ids) == hi - lo + 1
+    file = pq.ParquetFile(path)
+    groups, masks = [], []
+    for g in range(file.num_row_groups):
+        stats = file.metadata.row_group(g).column(0).statistics
+        if stats is not None and stats.has_min_max and (stats.max < lo or stats.min > hi):
+            continue
+        cid = file.read_row_group(g, columns=["client_id"]).column(0).to_numpy()
+        keep = (cid >= lo) & (cid <= hi) if run else np.isin(cid, ids)
+        if keep.any():
+            groups.append(g)
+            masks.append(keep)
+    cid, x, y = _read_groups(file, list(zip(groups, masks)))
     if np.any(np.diff(cid) < 0):  # a stable sort keeps each client's rows in file order
         order = np.argsort(cid, kind="stable")
         cid, x, y = cid[order], x[order], y[order]
@@ -278,11 +409,26 @@ def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.n
     return ids, np.concatenate([[0], np.cumsum(counts)]), x, y
 
 
+def _read_groups(file: pq.ParquetFile, picks: list[tuple[int, np.ndarray | None]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(client_id, x, y) of the rows `mask` (None: all) of each row group `g` of `picks`, in that order, read a
+    group at a time into arrays allocated once: a read holds its rows and one row group, never a second copy."""
+    metadata = file.metadata
+    n = sum(metadata.row_group(g).num_rows if keep is None else int(keep.sum()) for g, keep in picks)
+    cid, x, y = (np.empty((n, *a.shape[1:]), a.dtype) for a in _table_arrays(file.schema_arrow.empty_table()))
+    at = 0
+    for g, keep in picks:
+        parts = _table_arrays(file.read_row_group(g))
+        rows = len(parts[0]) if keep is None else int(keep.sum())
+        for into, part in zip((cid, x, y), parts):
+            into[at:at + rows] = part if keep is None else part[keep]
+        at += rows
+    pa.default_memory_pool().release_unused()  # the row groups' pages go back to the system, not to Arrow's cache
+    return cid, x, y
+
+
 def _table_arrays(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(client_id, x, y) of every row of `table`, in its order; x of shape (n, *feature_shape). One copy out of
-    the (memory-mapped) batches into arrays of our own: no combined Arrow table beside them, which Arrow's
-    allocator would keep hold of after it is freed."""
-    shapes = _shapes(table)
+    """(client_id, x, y) of every row of `table` (a row group), in its order; x of shape (n, *feature_shape)."""
+    shapes = _shapes(table.schema)
     parts = [_batch_arrays(batch, shapes) for batch in table.to_batches() if len(batch)]
     if not parts:
         x_type, y_type = table.schema.field("x").type.value_type, table.schema.field("y").type
@@ -295,20 +441,21 @@ def _table_arrays(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def read_table_arrays(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a file as (x, y), in file order; x of shape (n, *feature_shape)."""
-    _, x, y = _table_arrays(pq.read_table(path, memory_map=True))
+    file = pq.ParquetFile(path)
+    _, x, y = _read_groups(file, [(g, None) for g in range(file.num_row_groups)])
     return x, y
 
 
 def read_rows(path: str | Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows `rows` (sorted file positions) of a file as (x, y), read a row group at a time: a sample of
+    """Rows `rows` (sorted, distinct file positions) of a file as (x, y), read a row group at a time: a sample of
     a large file never holds more of it than one row group beside the rows kept."""
-    file = pq.ParquetFile(path, memory_map=True)
+    file = pq.ParquetFile(path)
     ends = np.cumsum([0] + [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)])
     bounds = np.searchsorted(rows, ends)  # group g holds rows[bounds[g]:bounds[g + 1]]
-    _, x, y = _table_arrays(file.schema_arrow.empty_table())
-    parts = [(x, y)]
+    picks: list[tuple[int, np.ndarray | None]] = []
     for g in np.flatnonzero(np.diff(bounds)):
-        _, x, y = _table_arrays(file.read_row_group(g))
-        local = rows[bounds[g]:bounds[g + 1]] - ends[g]
-        parts.append((x[local], y[local]))
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        keep = np.zeros(ends[g + 1] - ends[g], dtype=bool)
+        keep[rows[bounds[g]:bounds[g + 1]] - ends[g]] = True
+        picks.append((int(g), keep))
+    _, x, y = _read_groups(file, picks)
+    return x, y

@@ -78,13 +78,26 @@ def dense_index(values: np.ndarray) -> np.ndarray:
     return np.unique(values, return_inverse=True)[1].reshape(values.shape)
 
 
-def sample_per_group(groups: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Indices of `counts[g]` distinct random members of each group g (groups: ints in [0, len(counts)))."""
+def inverse_permutation(perm: np.ndarray) -> np.ndarray:
+    """Each element's position in the permutation `perm` (int32 while that fits: half the memory at 10^8)."""
+    pos = np.empty(len(perm), dtype=np.int32 if len(perm) < 2**31 else np.int64)
+    pos[perm] = np.arange(len(perm), dtype=pos.dtype)
+    return pos
+
+
+def first_per_group(groups: np.ndarray, counts: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Indices of the `counts[g]` members of each group g that come first by `pos`, grouped, in `pos` order
+    within a group (groups: ints in [0, len(counts)))."""
     sizes = np.bincount(groups, minlength=len(counts))
-    order = rng.permutation(len(groups))
-    order = order[np.argsort(groups[order], kind="stable")]  # grouped, random within a group
+    order = np.lexsort((pos, groups))
     rank = np.arange(len(groups)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     return order[rank < counts[groups[order]]]
+
+
+def sample_per_group(groups: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of `counts[g]` distinct random members of each group g (groups: ints in [0, len(counts))):
+    those first in one random permutation of all, grouped, in that permutation's order within a group."""
+    return first_per_group(groups, counts, inverse_permutation(rng.permutation(len(groups))))
 
 
 def partition(
@@ -108,21 +121,28 @@ def partition(
     if cfg.kind == NATURAL:
         if natural is None:
             raise DataError("data.partition.kind: 'natural' needs a source that assigns samples to clients")
-        natural = np.asarray(natural, dtype=np.int64)
-        if not (n and natural.min() == 0 and natural.max() == num_clients - 1 and np.bincount(natural).all()):
-            raise DataError(f"data.num_clients: is {num_clients} but the source's natural partition "
-                             f"has {len(np.unique(natural))} clients")
         ids = np.asarray(natural, dtype=np.int64)
+        if not (n and ids.min() == 0 and ids.max() == num_clients - 1 and np.bincount(ids).all()):
+            raise natural_clients_error(len(np.unique(ids)), num_clients)
     else:
         ids = np.asarray(PARTITIONERS.lookup(cfg.kind)(labels, num_clients, cfg, rng), dtype=np.int64)
     if ids.shape != (n,) or ids.min() < 0 or ids.max() >= num_clients:
         raise ValueError(f"partitioner {cfg.kind!r} must return one client id in [0, {num_clients}) per sample")
-    sizes = np.bincount(ids, minlength=num_clients)
+    check_min_size(np.bincount(ids, minlength=num_clients), cfg)
+    return ids
+
+
+def natural_clients_error(found: int, num_clients: int) -> DataError:
+    """The error naming data.num_clients when the source's natural clients are not exactly 0..num_clients-1."""
+    return DataError(f"data.num_clients: is {num_clients} but the source's natural partition has {found} clients")
+
+
+def check_min_size(sizes: np.ndarray, cfg: PartitionConfig) -> None:
+    """DataError naming partition.min_size when a client of `sizes` training samples has fewer than it."""
     if sizes.min() < cfg.min_size:
         raise DataError(
             f"data.partition.min_size: partition {cfg.kind!r} gives client {int(sizes.argmin())} only "
             f"{int(sizes.min())} training samples, fewer than min_size={cfg.min_size}")
-    return ids
 
 
 @register_partitioner("iid")

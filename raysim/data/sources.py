@@ -72,7 +72,35 @@ class Source:
         return self.num_classes == 0
 
 
+@dataclass
+class ClientBlocks:
+    """A natural source made a block of consecutive clients at a time, so that a build never pools its samples.
+
+    Client k has `sizes[k]` samples; `blocks` yields (first client, end client, x, y) in client order, every
+    client once, x and y as a Source's. `pooled()` is the same data as one Source.
+    """
+
+    sizes: np.ndarray
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    blocks: Iterator[tuple[int, int, np.ndarray, np.ndarray]]
+    image_shape: tuple[int, ...] | None = None
+
+    def pooled(self) -> Source:
+        """Every block in one Source, each sample's natural client from `sizes`."""
+        first = np.concatenate([[0], np.cumsum(self.sizes)])
+        x = y = None
+        for a, b, xb, yb in self.blocks:
+            if x is None or y is None:
+                x, y = np.empty((int(first[-1]), *xb.shape[1:]), xb.dtype), np.empty((int(first[-1]), *yb.shape[1:]), yb.dtype)
+            x[first[a]:first[b]], y[first[a]:first[b]] = xb, yb
+        assert x is not None and y is not None, "a source of clients has at least one block"
+        clients = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.sizes)
+        return Source(x, y, self.feature_shape, self.num_classes, natural_clients=clients, image_shape=self.image_shape)
+
+
 SourceLoader = Callable[["DataConfig", int], Source]
+BlockLoader = Callable[["DataConfig", int], ClientBlocks]
 
 
 def register_source(name: str, natural: bool = False, options: type | None = None) -> Callable[[SourceLoader], SourceLoader]:
@@ -87,6 +115,28 @@ def register_source(name: str, natural: bool = False, options: type | None = Non
         return fn
 
     return wrap
+
+
+def register_block_source(name: str, options: type | None = None) -> Callable[[BlockLoader], BlockLoader]:
+    """Decorator: make `f(cfg, seed) -> ClientBlocks`, a natural source made a block of clients at a time,
+    available as `data.source: name`; a build under the natural partition then never pools its samples."""
+
+    def wrap(fn: BlockLoader) -> BlockLoader:
+        def pooled(cfg: DataConfig, seed: int) -> Source:
+            return fn(cfg, seed).pooled()
+
+        pooled.__doc__ = fn.__doc__
+        pooled.blocks = fn  # type: ignore[attr-defined]
+        register_source(name, natural=True, options=options)(pooled)
+        return fn
+
+    return wrap
+
+
+def load_blocks(cfg: DataConfig, seed: int) -> ClientBlocks | None:
+    """The clients of `cfg.source` a block at a time, or None for a source registered whole."""
+    blocks = getattr(SOURCES.lookup(cfg.source), "blocks", None)
+    return None if blocks is None else blocks(cfg, seed)
 
 
 def is_natural(name: str) -> bool:
@@ -163,8 +213,8 @@ def mnist1d(cfg: DataConfig, seed: int) -> Source:
     return Source(x, y, x.shape[1:], 10, image_shape=(1, *x.shape[1:]), test_mask=test)
 
 
-@register_source("synthetic", natural=True)
-def synthetic(cfg: DataConfig, seed: int) -> Source:
+@register_block_source("synthetic")
+def synthetic(cfg: DataConfig, seed: int) -> ClientBlocks:
     """Synthetic(alpha, beta) of the FedProx paper (Li et al. 2020): per-client softmax regression.
 
     Client k: u_k ~ N(0, alpha^2) per class, W_k ~ N(u_k, 1), b_k ~ N(u_k, 1); B_k ~ N(0, beta^2),
@@ -183,11 +233,8 @@ def synthetic(cfg: DataConfig, seed: int) -> Source:
     sizes = apportion(cfg.synthetic_samples, rng.lognormal(4.0, 2.0, k) + 50.0, minimum)
     u = rng.normal(0.0, cfg.synthetic_alpha, (k, c))
     v = rng.normal(rng.normal(0.0, cfg.synthetic_beta, (k, 1)), 1.0, (k, d))
-    x, y = np.empty((int(sizes.sum()), d), np.float32), np.empty(int(sizes.sum()), np.int64)
-    first = np.concatenate([[0], np.cumsum(sizes)])
-    for a, b in _client_blocks(sizes):
-        _synthetic_block(rng, u[a:b], v[a:b], sizes[a:b], x[first[a]:first[b]], y[first[a]:first[b]])
-    return Source(x, y, (d,), c, natural_clients=np.repeat(np.arange(k, dtype=np.int64), sizes))
+    blocks = ((a, b, *_synthetic_block(rng, u[a:b], v[a:b], sizes[a:b])) for a, b in _client_blocks(sizes))
+    return ClientBlocks(sizes, (d,), c, blocks)
 
 
 SYNTHETIC_BLOCK_ROWS = 1 << 15  # samples drawn at once (about 5 MB of features)
@@ -203,9 +250,9 @@ def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int]]:
         a = b
 
 
-def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, sizes: np.ndarray,
-                     x_out: np.ndarray, y_out: np.ndarray) -> None:
-    """x_out, y_out of consecutive clients with means u (classes) and v (features), from one draw of standard normals.
+def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, sizes: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of consecutive clients with means u (classes) and v (features), from one draw of standard normals.
 
     Each client takes W_k (d x c), then b_k (c), then its x rows from the stream, in client order, as a loop
     over clients drawing `normal(u_k, 1)` and `standard_normal` would: the numbers do not depend on the blocks.
@@ -228,8 +275,7 @@ def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, siz
         same = np.flatnonzero(sizes == n)
         rows = first[same][:, None] + np.arange(n)
         logits[rows] = np.matmul(x[rows], w[same])
-    x_out[:] = x  # rounded to float32 in place: no block-sized copy, no second pass over the pooled array
-    np.argmax(logits + b[owner], axis=1, out=y_out)
+    return x.astype(np.float32), np.argmax(logits + b[owner], axis=1)
 
 
 def class_indices(values: np.ndarray) -> tuple[np.ndarray, int]:

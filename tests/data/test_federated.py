@@ -214,3 +214,94 @@ def test_a_natural_source_without_client_ids_is_a_data_error(tmp_path):
                             0, tmp_path)
     finally:
         SOURCES.pop("natural_without_ids")
+
+
+def _pooled(name: str):
+    """A natural source registered whole that gives the block source `name`'s samples (the pooled build's path)."""
+    from raysim.data.sources import load_source, register_source
+
+    def whole(cfg, seed):
+        return load_source(cfg.model_copy(update={"source": name}), seed)
+
+    register_source(f"{name}-whole", natural=True)(whole)
+    return f"{name}-whole"
+
+
+@pytest.fixture
+def own_sources():
+    """The sources a test registers are gone after it."""
+    from raysim.plugins import SOURCES
+
+    saved = dict(SOURCES)
+    yield
+    SOURCES.clear()
+    SOURCES.update(saved)
+
+
+@pytest.fixture
+def small_groups(monkeypatch):
+    """Row groups of 40 synthetic rows and blocks of 50 samples: groups straddle blocks, blocks straddle groups."""
+    from raysim.data import sources
+
+    monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 40 * (20 * 4 + 16))
+    monkeypatch.setattr(sources, "SYNTHETIC_BLOCK_ROWS", 50)
+
+
+def test_a_source_of_client_blocks_builds_the_pooled_builds_files_byte_for_byte(tmp_path, small_groups, own_sources):
+    """Built a block of clients at a time, synthetic gives the very files (train, test, sizes) of the same samples
+    built pooled: the same holdout per client and label, the same row order within a client, the same row groups."""
+    whole = _pooled("synthetic")
+    for seed in (0, 5):
+        cfg = dict(num_clients=120, synthetic_samples=3000, partition={"kind": "natural", "min_size": 2})
+        blocks = build_federated(DataConfig(source="synthetic", **cfg), seed, tmp_path / f"blocks-{seed}")
+        pooled = build_federated(DataConfig(source=whole, **cfg), seed, tmp_path / f"pooled-{seed}")
+        assert pq.ParquetFile(blocks.train_path).metadata.num_row_groups > 3000 * 0.8 / 40
+        for name in ("train.parquet", "test.parquet", "client_sizes.npy"):
+            assert (blocks.train_path.parent / name).read_bytes() == (pooled.train_path.parent / name).read_bytes(), name
+        assert (blocks.num_train, blocks.num_test) == (pooled.num_train, pooled.num_test)
+
+
+def test_a_regression_source_of_client_blocks_matches_its_pooled_build(tmp_path, monkeypatch, own_sources):
+    """A user's block source with float vector targets (num_classes 0): one stratum per client, the pooled files."""
+    from raysim.data.sources import ClientBlocks, register_block_source
+
+    monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 30 * (3 * 8 + 2 * 8 + 8))
+
+    @register_block_source("test-vector-blocks")
+    def vector_blocks(cfg, seed):
+        sizes = np.random.default_rng(seed).integers(3, 30, cfg.num_clients)
+        first = np.concatenate([[0], np.cumsum(sizes)])
+        gen = np.random.default_rng(seed + 1)
+        data = gen.normal(size=(first[-1], 3)), gen.normal(size=(first[-1], 2))
+        cuts = [0, 7, 8, 20, cfg.num_clients]
+        return ClientBlocks(sizes, (3,), 0, ((a, b, data[0][first[a]:first[b]], data[1][first[a]:first[b]])
+                                             for a, b in zip(cuts[:-1], cuts[1:])))
+
+    whole = _pooled("test-vector-blocks")
+    cfg = dict(num_clients=25, partition={"kind": "natural"}, test_fraction=0.3)
+    blocks = build_federated(DataConfig(source="test-vector-blocks", **cfg), 2, tmp_path / "blocks")
+    pooled = build_federated(DataConfig(source=whole, **cfg), 2, tmp_path / "pooled")
+    for name in ("train.parquet", "test.parquet", "client_sizes.npy"):
+        assert (tmp_path / "blocks" / name).read_bytes() == (tmp_path / "pooled" / name).read_bytes(), name
+    assert blocks.target_shape == (2,) and blocks.num_classes == 0
+
+
+def test_a_block_build_never_holds_the_pooled_samples(tmp_path, monkeypatch, own_sources):
+    """Peak traced memory of the block build (blocks of 4096 samples) is under a third of the pooled build's,
+    whose features alone are 48 MB."""
+    import tracemalloc
+
+    from raysim.data import sources
+
+    monkeypatch.setattr(federated, "WRITE_AHEAD", 2)
+    monkeypatch.setattr(sources, "SYNTHETIC_BLOCK_ROWS", 4096)
+    whole = _pooled("synthetic")
+    cfg = dict(num_clients=20_000, synthetic_samples=600_000, synthetic_features=20, partition={"kind": "natural"})
+    peaks = {}
+    for source in ("synthetic", whole):
+        tracemalloc.start()
+        build_federated(DataConfig(source=source, **cfg), 0, tmp_path / source)
+        peaks[source] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks["synthetic"] < peaks[whole] / 3, peaks
+    assert (tmp_path / "synthetic" / "train.parquet").read_bytes() == (tmp_path / whole / "train.parquet").read_bytes()
