@@ -45,8 +45,9 @@ def test_summed_pss_counts_a_childs_private_memory():
 def test_ten_thousand_clients_stay_under_the_memory_bound(tmp_path):
     out = tmp_path / "scale.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--clients", "10000", "--rounds", "2",
-                    "--json", str(out)], check=True, capture_output=True, timeout=600, cwd=tmp_path,
+                    "--json", str(out), "--out", str(tmp_path)], check=True, capture_output=True, timeout=600, cwd=tmp_path,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     (m,) = json.loads(out.read_text())
     assert m["clients"] == 10000 and m["per_round"] == 1000
     assert 500 < m["peak_pss_mb"] < BOUND_MB, m
+    assert "| 10,000 | 1,000 |" in (tmp_path / "scale.md").read_text()

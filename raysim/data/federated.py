@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from raysim.data.config import DataConfig
 from raysim.data.partition import (NATURAL, apportion_rows, check_min_size, dense_index, first_per_group, inverse_permutation,
                                    natural_clients_error, partition)
-from raysim.data.sources import ClientBlocks, load_blocks, load_source
+from raysim.data.sources import ClientBlocks, Source, load_blocks, load_source
 from raysim.errors import DataError
 from raysim.atomic import atomic_write_bytes
 from raysim.rng import SERVER, SETUP, stream
@@ -284,15 +284,16 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
     first, train_first = (np.concatenate([[0], np.cumsum(s)]) for s in (sizes, train_sizes))
     blocks = iter(src.blocks)
     a, b, x, y = next(blocks)
-    meta = {"feature_shape": list(src.feature_shape), "target_shape": list(y.shape[1:])}
+    meta, dtypes = {"feature_shape": list(src.feature_shape), "target_shape": list(y.shape[1:])}, (x.dtype, y.dtype)
     train_path, test_path = _paths(out_dir)
-    with _GroupWriter(train_path, train_sizes, meta, x.dtype, y.dtype) as train, \
-            _GroupWriter(test_path, np.array([num_test]), meta, x.dtype, y.dtype) as test:
+    with _GroupWriter(train_path, train_sizes, meta, *dtypes) as train, \
+            _GroupWriter(test_path, np.array([num_test]), meta, *dtypes) as test:
         for a, b, x, y in itertools.chain([(a, b, x, y)], blocks):
             owner = np.repeat(np.arange(b - a), sizes[a:b])
-            if len(y) != len(owner):
-                raise ValueError(f"source {cfg.source!r}: the block of clients {a}..{b - 1} has {len(y)} samples, "
-                                 f"its sizes say {len(owner)}")
+            Source(x, y, src.feature_shape, src.num_classes)  # each block checked as a whole source would be
+            if len(y) != len(owner) or x.dtype != dtypes[0] or y.dtype != dtypes[1]:
+                raise ValueError(f"source {cfg.source!r}: the block of clients {a}..{b - 1} has {len(y)} samples of "
+                                 f"{x.dtype}/{y.dtype}; its sizes say {len(owner)}, the first block {dtypes[0]}/{dtypes[1]}")
             labels = np.zeros(len(y), dtype=np.int64) if src.num_classes == 0 else y
             out = group_holdout(labels, owner, held[a:b], pos[first[a]:first[b]])
             rows = np.flatnonzero(~out)

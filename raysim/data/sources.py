@@ -6,12 +6,13 @@ Nothing here downloads: digits ships with scikit-learn, mnist1d and synthetic ar
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -77,24 +78,23 @@ class ClientBlocks:
     """A natural source made a block of consecutive clients at a time, so that a build never pools its samples.
 
     Client k has `sizes[k]` samples; `blocks` yields (first client, end client, x, y) in client order, every
-    client once, x and y as a Source's. `pooled()` is the same data as one Source.
+    client once, x and y as a Source's; it is read once. `pooled()` is the same data as one Source.
     """
 
     sizes: np.ndarray
     feature_shape: tuple[int, ...]
     num_classes: int
-    blocks: Iterator[tuple[int, int, np.ndarray, np.ndarray]]
+    blocks: Iterable[tuple[int, int, np.ndarray, np.ndarray]]
     image_shape: tuple[int, ...] | None = None
 
     def pooled(self) -> Source:
         """Every block in one Source, each sample's natural client from `sizes`."""
         first = np.concatenate([[0], np.cumsum(self.sizes)])
-        x = y = None
-        for a, b, xb, yb in self.blocks:
-            if x is None or y is None:
-                x, y = np.empty((int(first[-1]), *xb.shape[1:]), xb.dtype), np.empty((int(first[-1]), *yb.shape[1:]), yb.dtype)
+        blocks = iter(self.blocks)
+        head = next(blocks)
+        x, y = (np.empty((int(first[-1]), *a.shape[1:]), a.dtype) for a in head[2:])
+        for a, b, xb, yb in itertools.chain([head], blocks):
             x[first[a]:first[b]], y[first[a]:first[b]] = xb, yb
-        assert x is not None and y is not None, "a source of clients has at least one block"
         clients = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.sizes)
         return Source(x, y, self.feature_shape, self.num_classes, natural_clients=clients, image_shape=self.image_shape)
 

@@ -305,3 +305,21 @@ def test_a_block_build_never_holds_the_pooled_samples(tmp_path, monkeypatch, own
         tracemalloc.stop()
     assert peaks["synthetic"] < peaks[whole] / 3, peaks
     assert (tmp_path / "synthetic" / "train.parquet").read_bytes() == (tmp_path / whole / "train.parquet").read_bytes()
+
+
+def test_a_block_that_disagrees_with_its_sizes_or_labels_is_refused(tmp_path, own_sources):
+    """Each block is checked as a source: its sample count against `sizes`, its labels against num_classes, and no
+    partial file is left behind."""
+    from raysim.data.sources import ClientBlocks, register_block_source
+
+    @register_block_source("test-bad-blocks")
+    def bad_blocks(cfg, seed):
+        labels = np.zeros(8, np.int64) if cfg.num_clients == 4 else np.full(8, 7, np.int64)
+        return ClientBlocks(np.full(cfg.num_clients, 4), (2,), 3,
+                            [(0, 2, np.zeros((8, 2), np.float32), labels), (2, cfg.num_clients, np.zeros((3, 2), np.float32), np.zeros(3, np.int64))])
+
+    with pytest.raises(ValueError, match=r"clients 2\.\.3 has 3 samples of float32/int64; its sizes say 8"):
+        build_federated(DataConfig(source="test-bad-blocks", num_clients=4, partition={"kind": "natural"}), 0, tmp_path / "a")
+    with pytest.raises(ValueError, match=r"int64 labels in \[0, 3\)"):
+        build_federated(DataConfig(source="test-bad-blocks", num_clients=5, partition={"kind": "natural"}), 0, tmp_path / "b")
+    assert not list((tmp_path / "a").iterdir()) and not list((tmp_path / "b").iterdir())
