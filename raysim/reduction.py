@@ -8,6 +8,7 @@ computes the nodes that lie wholly in its own ids; the server completes the tree
 """
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Iterable
 
 Part = tuple[int, int, Any]  # (start, size, value) of an aligned block
@@ -37,18 +38,22 @@ def cover(ids: Iterable[int], num_clients: int) -> list[tuple[int, int]]:
 
 
 def tree_reduce(parts: list[Part], start: int, size: int, combine: Callable[[Any, Any], Any]) -> Any | None:
-    """The value of block (start, size) from disjoint aligned `parts` (None if none lies in it)."""
-    inside = [p for p in parts if start <= p[0] < start + size]
-    if not inside:
-        return None
-    if len(inside) == 1 and inside[0][1] == size:
-        return inside[0][2]
-    half = size // 2
-    left = tree_reduce(inside, start, half, combine)
-    right = tree_reduce(inside, start + half, half, combine)
-    if left is None or right is None:
-        return right if left is None else left
-    return combine(left, right)
+    """The value of block (start, size) from disjoint aligned `parts` (None if none lies in it). The parts are
+    sorted once and each node finds its own by bisection; a node holding one part is that part's value."""
+    ordered = sorted(parts, key=lambda p: p[0])
+    starts = [p[0] for p in ordered]
+
+    def node(lo: int, hi: int, start: int, size: int) -> Any | None:  # ordered[lo:hi] lie in the block
+        if hi - lo <= 1:
+            return ordered[lo][2] if hi > lo else None
+        half = size // 2
+        mid = bisect.bisect_left(starts, start + half, lo, hi)
+        left, right = node(lo, mid, start, half), node(mid, hi, start + half, half)
+        if left is None or right is None:
+            return right if left is None else left
+        return combine(left, right)
+
+    return node(bisect.bisect_left(starts, start), bisect.bisect_left(starts, start + size), start, size)
 
 
 def reduce_owned(replies: dict[int, Any], blocks: list[tuple[int, int]], combine: Callable[[Any, Any], Any]) -> list[Part]:

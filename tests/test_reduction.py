@@ -43,3 +43,26 @@ def test_any_split_into_shards_gives_the_same_bits(n, per_round):
 def test_no_replies_reduce_to_nothing():
     assert reduce_owned({}, cover(range(4), 8), add) == []
     assert tree_reduce([], 0, 8, add) is None
+
+
+def _perfect_tree(replies: dict, start: int, size: int):
+    """The definition: the perfect binary tree over ids, a node the combination of its children with clients."""
+    if size == 1:
+        return replies.get(start)
+    left, right = _perfect_tree(replies, start, size // 2), _perfect_tree(replies, start + size // 2, size // 2)
+    return right if left is None else left if right is None else f"({left}+{right})"
+
+
+@pytest.mark.parametrize("n, per_round, per_shard", [(1, 1, 1), (37, 37, 5), (1000, 100, 300), (5000, 40, 2500)])
+def test_the_value_is_the_perfect_trees_whatever_the_parts_order(n, per_round, per_shard):
+    """With a combination that shows its shape (a bracketed sum), shard parts given in any order give the tree of
+    the definition, node for node."""
+    rng = np.random.default_rng(n)
+    replies = {int(c): str(c) for c in rng.choice(n, size=per_round, replace=False)}
+    parts = []
+    for lo in range(0, n, per_shard):
+        owned = range(lo, min(n, lo + per_shard))
+        parts += reduce_owned({c: r for c, r in replies.items() if c in owned}, cover(owned, n),
+                              lambda a, b: f"({a}+{b})")
+    rng.shuffle(parts)
+    assert tree_reduce(parts, 0, root_size(n), lambda a, b: f"({a}+{b})") == _perfect_tree(replies, 0, root_size(n))
