@@ -25,11 +25,9 @@ from raysim.system import Ledger, RoundTiming, SystemModel, payload_bytes
 def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int) -> EvalData:
     """The test set and a seeded sample of at most `train_samples` pooled training samples."""
     tx, ty = read_table_arrays(fed.test_path)
-    if fed.num_train > train_samples:
-        keep = np.sort(stream(seed, SETUP, SERVER, "eval_train").choice(fed.num_train, train_samples, replace=False))
-        x, y = read_rows(fed.train_path, keep)
-    else:
-        x, y = read_table_arrays(fed.train_path)
+    keep = np.arange(fed.num_train) if fed.num_train <= train_samples else \
+        np.sort(stream(seed, SETUP, SERVER, "eval_train").choice(fed.num_train, train_samples, replace=False))
+    x, y = read_rows(fed.train_path, keep)
     return EvalData(torch.tensor(tx, dtype=dtype), torch.tensor(ty), torch.tensor(x, dtype=dtype), torch.tensor(y))
 
 

@@ -165,7 +165,7 @@ class _GroupWriter:
         self.width = math.prod(meta["feature_shape"])
         self.y_width = math.prod(meta["target_shape"]) if meta["target_shape"] else 0
         row_bytes = np.dtype(x_dtype).itemsize * self.width + np.dtype(y_dtype).itemsize * max(self.y_width, 1) + 8
-        self.bounds = _row_group_bounds(runs, max(1, ROW_GROUP_BYTES // row_bytes))[1:]
+        self.bounds = collections.deque(_row_group_bounds(runs, max(1, ROW_GROUP_BYTES // row_bytes))[1:])
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.written = self.buffered = 0
         empty = self._table(np.empty(0, np.int64), np.empty((0, *meta["feature_shape"]), x_dtype),
@@ -188,7 +188,7 @@ class _GroupWriter:
         self.pending.append((client_id, x, y))
         self.buffered += len(client_id)
         while self.bounds and self.written + self.buffered >= self.bounds[0]:
-            rows = self.bounds.pop(0) - self.written
+            rows = self.bounds.popleft() - self.written
             parts = [np.concatenate(c) if len(self.pending) > 1 else self.pending[0][i]
                      for i, c in enumerate(zip(*self.pending))]
             if len(self.queued) >= WRITE_AHEAD:
@@ -256,8 +256,8 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     _check_train_samples(cfg, num_train, num_test)
     ids = partition(labels[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
                     natural=src.natural_clients[train] if natural and src.natural_clients is not None else None)
-    shuffled = stream(seed, SETUP, SERVER, "row_order").permutation(num_train)
-    order = shuffled[np.argsort(ids[shuffled], kind="stable")]  # by client, random within a client
+    rank = inverse_permutation(stream(seed, SETUP, SERVER, "row_order").permutation(num_train))
+    order = np.lexsort((rank, ids))  # by client, then by place in the row-order permutation
     meta = {"feature_shape": list(src.feature_shape), "target_shape": list(src.y.shape[1:])}
     train_path, test_path = _paths(out_dir)
     # the training rows by client, gathered a row group at a time: never a second copy of the features
@@ -413,13 +413,11 @@ def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.n
 def _read_groups(file: pq.ParquetFile, picks: list[tuple[int, np.ndarray | None]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(client_id, x, y) of the rows `mask` (None: all) of each row group `g` of `picks`, in that order, read a
     group at a time into arrays allocated once: a read holds its rows and one row group, never a second copy."""
-    metadata = file.metadata
-    n = sum(metadata.row_group(g).num_rows if keep is None else int(keep.sum()) for g, keep in picks)
-    cid, x, y = (np.empty((n, *a.shape[1:]), a.dtype) for a in _table_arrays(file.schema_arrow.empty_table()))
+    counts = [file.metadata.row_group(g).num_rows if keep is None else int(keep.sum()) for g, keep in picks]
+    cid, x, y = (np.empty((sum(counts), *a.shape[1:]), a.dtype) for a in _table_arrays(file.schema_arrow.empty_table()))
     at = 0
-    for g, keep in picks:
+    for (g, keep), rows in zip(picks, counts):
         parts = _table_arrays(file.read_row_group(g))
-        rows = len(parts[0]) if keep is None else int(keep.sum())
         for into, part in zip((cid, x, y), parts):
             into[at:at + rows] = part if keep is None else part[keep]
         at += rows
