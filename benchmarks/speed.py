@@ -1,7 +1,7 @@
 """Speed of raysim against the physical limit: FedAvg, MLP on digits, Dirichlet(0.5), as a user runs it.
 
-Three systems run the same computation with the same seeds: raysim (Ray, client actors, vmap per
-shard), a plain single-process torch loop over the clients (`sequential`), and that loop
+Three systems run the same computation with the same seeds: raysim (Ray, client actors, each
+shard's clients at once), a plain single-process torch loop over the clients (`sequential`), and that loop
 vectorized with torch.func over the round's clients (`vectorized`, the physical limit on this
 machine). A round selects `--per-round` clients (default 100, or all when fewer), the same ones in
 every system (FedAvg's own plan); each runs 1 local epoch of minibatches of 10 at lr 0.05, drawn by

@@ -7,8 +7,8 @@ weighted delta Q(θ_c − θ_k) (Q the identity, or FedPAQ's unbiased QSGD quant
 applies θ ← θ + server_lr · Σ w_c Q(Δ_c) / Σ w_c. The loss is cross-entropy (class labels or soft
 class distributions), the soft-label logistic loss (66) of a scalar output, or squared error, plus
 (l2/2)‖θ‖² per sample. η_k is constant or FedPAQ's decaying 4/(μ((k + T0) b + 1)) (spec §8.8).
-A shard runs its clients at once with `torch.func.vmap` over stacked parameter vectors; `step`
-is the per-client reference.
+A shard runs its clients at once over stacked parameter vectors (raysim.stacked's batched matmuls for
+chains of linear layers, `torch.func.vmap` for other models); `step` is the per-client reference.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from raysim.local_optim import LocalOptimizer
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.models import initial_vector, placed_model
 from raysim.sampling import sample_clients
+from raysim.stacked import stacked_grad
 
 
 LossKind = Literal["ce", "bce", "mse"]
@@ -213,11 +214,20 @@ class LocalSGD(Algorithm):
         self.batch_width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
         self._grad = grad(self._loss)
         self._vgrad = vmap(self._grad)
+        self._stacked = stacked_grad(self.module, tuple(ctx.feature_shape), self.spec, self.params.loss,
+                                     lambda out, y: sample_losses(out, y, self.params.loss), self.params.l2)
 
     def _loss(self, params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         losses = sample_losses(functional_call(self.module, params, (x,)), y, self.params.loss)
         reg = 0.5 * self.params.l2 * squared_norm(params) if self.params.l2 else 0.0
         return (w * losses).sum() / w.sum().clamp_min(1.0) + reg
+
+    def batch_grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Every client's minibatch gradient of `_loss` at rows θ [k, d] at once: stacked matmuls where the
+        model is a chain of linear layers (raysim.stacked: the same bits), else vmap."""
+        if self._stacked is not None:
+            return self._stacked(theta, x, y, w)
+        return self.spec.flatten(self._vgrad(self.spec.unflatten(theta), x, y, w))
 
     def objective(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """F(θ) = mean per-sample loss + (l2/2)‖θ‖² on (x, y), in θ's dtype (differentiable)."""
@@ -311,7 +321,7 @@ class LocalSGD(Algorithm):
         opt = self.params.local_optimizer.start(theta)
         correction = self.correction(cstates, broadcast)
         for s in range(steps):
-            g = self.spec.flatten(self._vgrad(self.spec.unflatten(theta), x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s]))
+            g = self.batch_grads(theta, x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s])
             if self.mu:
                 g = g + self.mu * (theta - theta_g)
             if correction is not None:

@@ -173,7 +173,7 @@ class IterativeSketchingFL(LocalSGD):
     def _grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Per-client minibatch mean gradients [k, d]; under DP the mean of per-example gradients clipped to C."""
         if self.params.dp is None:
-            return self.spec.flatten(self._vgrad(self.spec.unflatten(theta), x, y, w))
+            return self.batch_grads(theta, x, y, w)
         per = self.spec.flatten(self._pex(self.spec.unflatten(theta), x, y))  # [k, B, d]
         per = clip_per_example(per, self.params.dp.clip)
         return (w[..., None] * per).sum(1) / w.sum(1).clamp_min(1.0)[:, None] + self.params.l2 * theta
