@@ -84,6 +84,23 @@ def launch(experiment: Experiment) -> ClientFleet:
     return ClientFleet(actors, n_actors, per_actor, r, here)
 
 
+def _carried(rp: RoundPlan, calls: int) -> Any:
+    """The round's broadcast as `calls` calls carry it: in the object store once, or (small, to few calls)
+    inline in each call, with no store round trip."""
+    return rp.plan.broadcast if rp.broadcast_bytes * calls <= INLINE_BYTES else ray.put(rp.plan.broadcast)
+
+
+@dataclass
+class Sent:
+    """A round sent to the client actors: its plan, its shards' clients, the broadcast (or its reference)
+    and the calls in flight."""
+
+    rp: RoundPlan
+    by_actor: dict[int, list[int]]
+    bref: Any
+    refs: dict[Any, tuple[int, list[int]]]
+
+
 class RoundServer:
     """The server's side of a run on Ray, on one torch thread (as every client actor, so the numbers
     do not depend on where it runs); `close` stops the client actors and gives the thread count back."""
@@ -105,6 +122,7 @@ class RoundServer:
         self.faults = {(f.round, f.actor) for f in self.cfg.faults}
         self.restarts = 0
         self.fleet = fleet  # client actors launched before the data were built, if any
+        self.sent: Sent | None = None  # the next round, already sent to the client actors
 
     def start(self) -> dict:
         """Load the client actors (launched now, unless the runner launched them before the data) with their
@@ -141,7 +159,11 @@ class RoundServer:
         return self.engine.state
 
     def close(self) -> None:
-        """Stop the client actors; the process gets its torch thread count back."""
+        """Stop the client actors (after the round sent ahead, when a run stops early: no error is left
+        unread); the process gets its torch thread count back."""
+        if self.sent is not None and self.sent.refs and ray.is_initialized():
+            ray.wait(list(self.sent.refs), num_returns=len(self.sent.refs), timeout=RESTART_TIMEOUT_S)
+        self.sent = None
         for actor in self.actors.values() if ray.is_initialized() else []:
             ray.kill(actor)
         self.actors, self.local = {}, None
@@ -184,20 +206,27 @@ class RoundServer:
         ray.get(actor.restore.remote(self.ckpt if self.snapshots is None else self.snapshots[shard], log))
         return ray.get(actor.train.remote(round, clients, bref, reduce))
 
-    def _virtual(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> list[ShardResult]:
+    def _dispatch(self, round: int) -> Sent:
+        """Plan `round` and send each client actor its shard's clients (under the virtual clock)."""
+        rp = self.engine.plan(round)
+        by_actor = shards_of(rp.client_list, self.per_actor) if len(rp.clients) else {}
+        bref = _carried(rp, len(by_actor.keys() & self.actors.keys()))
+        refs = {self.actors[a].train.remote(round, cs, bref, rp.reduce, (round, a) in self.faults): (a, cs)
+                for a, cs in by_actor.items() if a in self.actors}
+        return Sent(rp, by_actor, bref, refs)
+
+    def _virtual(self, sent: Sent) -> list[ShardResult]:
         """Every shard's result for its clients (a dead actor is restarted and redoes its share); shard 0,
         when this process hosts it, trains while the actors do."""
-        refs = {self.actors[a].train.remote(rp.round, cs, bref, rp.reduce, (rp.round, a) in self.faults): (a, cs)
-                for a, cs in by_actor.items() if a in self.actors}
-        results = []
-        if self.local is not None and 0 in by_actor:
-            results.append(self.local.train(rp.round, by_actor[0], rp.plan.broadcast, rp.reduce))
-        for ref, (shard, clients) in refs.items():
+        rp, results = sent.rp, []
+        if self.local is not None and 0 in sent.by_actor:
+            results.append(self.local.train(rp.round, sent.by_actor[0], rp.plan.broadcast, rp.reduce))
+        for ref, (shard, clients) in sent.refs.items():
             try:
                 results.append(ray.get(ref))
             except ray.exceptions.RayActorError:
                 self.faults.discard((rp.round, shard))
-                results.append(self._recover(shard, rp.round, clients, bref, rp.reduce))
+                results.append(self._recover(shard, rp.round, clients, sent.bref, rp.reduce))
         return results
 
     def _real(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> tuple[list[ShardResult], set[int]]:
@@ -219,26 +248,30 @@ class RoundServer:
         return kept, set(refs.values()) - {r.clients[0] for r in kept}
 
     def run_round(self, round: int) -> tuple[dict, list[dict]]:
-        """One synchronized round; returns the results row and the per-client rows."""
-        rp = self.engine.plan(round)
-        results: list[ShardResult] = []
-        late: set[int] = set()
-        if len(rp.clients):
-            by_actor = shards_of(rp.client_list, self.per_actor)
-            calls = len(rp.clients) if self.cfg.system.clock.mode == "real" else len(by_actor.keys() & self.actors.keys())
-            # in the object store once, or (small, to few calls) inline in each call: no store round trip
-            bref = rp.plan.broadcast if rp.broadcast_bytes * calls <= INLINE_BYTES else ray.put(rp.plan.broadcast)
-            if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
-                results, late = self._real(rp, by_actor, bref)
-            else:
-                results = self._virtual(rp, by_actor, bref)
-                self.replay.append((round, by_actor, bref))
+        """One synchronized round; returns the results row and the per-client rows. Under the virtual clock
+        the next round goes to the client actors before this one is evaluated: they train while this
+        process evaluates and the runner writes (the same calls in the same order, so the same numbers)."""
+        if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
+            rp = self.engine.plan(round)
+            results: list[ShardResult] = []
+            late: set[int] = set()
+            if len(rp.clients):
+                by_actor = shards_of(rp.client_list, self.per_actor)
+                results, late = self._real(rp, by_actor, _carried(rp, len(rp.clients)))
+        else:
+            assert self.sent is None or self.sent.rp.round == round, "rounds run in order"
+            sent, self.sent = self.sent or self._dispatch(round), None
+            rp, results, late = sent.rp, self._virtual(sent), set()
+            if len(rp.clients):
+                self.replay.append((round, sent.by_actor, sent.bref))
         out = self.engine.aggregate(rp, results, late)
         saved = self.run_dir is not None and self.engine.checkpoint_due(round)
         if saved:
             self._checkpoint(round)
         else:
             self._bound_replay()
+        if self.cfg.system.clock.mode == "virtual" and round < self.cfg.algorithm.rounds:
+            self.sent = self._dispatch(round + 1)
         return self.engine.rows(rp, out, self.restarts, saved)
 
 

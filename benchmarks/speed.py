@@ -1,9 +1,10 @@
 """Speed of raysim against the physical limit: FedAvg, MLP on digits, Dirichlet(0.5), as a user runs it.
 
-Three systems run the same computation with the same seeds: raysim (Ray, client actors, each
-shard's clients at once), a plain single-process torch loop over the clients (`sequential`), and that loop
-vectorized with torch.func over the round's clients (`vectorized`, the physical limit on this
-machine). A round selects `--per-round` clients (default 100, or all when fewer), the same ones in
+Four systems run the same computation with the same seeds: raysim (Ray, client actors, each
+shard's clients at once), a plain single-process torch loop over the clients (`sequential`), that loop
+vectorized with torch.func over the round's clients (`vectorized`, issue 17's limit), and the vectorized
+loop with raysim's own per-step kernel in place of torch.func (`stacked`, raysim/stacked.py: the same
+numbers bit for bit; what one process does with the kernel raysim's shards use). A round selects `--per-round` clients (default 100, or all when fewer), the same ones in
 every system (FedAvg's own plan); each runs 1 local epoch of minibatches of 10 at lr 0.05, drawn by
 the fedavg family's own `batch_plan` from the stream (seed, round, client, "step"), and every
 round ends with the server's evaluation. Each (system, clients) runs in a fresh process, so
@@ -51,8 +52,8 @@ from raysim.memory import PeakMemory
 from raysim.models import DTYPES, ParamSpec, build_model
 from raysim.rng import SERVER, stream
 
-SYSTEMS = ("raysim", "flower", "sequential", "vectorized")
-BASE_SYSTEMS = ("raysim", "sequential", "vectorized")  # what runs without --flower
+SYSTEMS = ("raysim", "flower", "sequential", "vectorized", "stacked")
+BASE_SYSTEMS = ("raysim", "sequential", "vectorized", "stacked")  # what runs without --flower
 STEP_PURPOSE = "step"  # the stream a shard hands the client step (raysim/shard.py, ClientShard._steps)
 PLAIN_FEDAVG = {"server_lr": 1.0, "weighting": "samples", "theta0": "model_init", "loss": "ce", "l2": 0.0,
                 "lr_schedule": "constant", "quantizer": "none"}  # what the references implement
@@ -203,6 +204,10 @@ class Vectorized:
             self.xs[c, : len(y)], self.ys[c, : len(y)] = x, y
         self.vgrad = vmap(grad(self._loss))
 
+    def grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Every client's minibatch gradient [k, d]."""
+        return self.fed.spec.flatten(self.vgrad(self.fed.spec.unflatten(theta), x, y, w))
+
     def _loss(self, params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the real samples of a minibatch (w = 0 marks padding)."""
         ce = F.cross_entropy(functional_call(self.fed.module, params, (x,)), y, reduction="none")
@@ -224,10 +229,17 @@ class Vectorized:
         theta = theta_g.expand(k, -1).clone()
         lr = fed.algo.params.lr
         for s in range(steps):
-            g = fed.spec.flatten(self.vgrad(fed.spec.unflatten(theta), self.xs[rows, idx[:, s]],
-                                            self.ys[rows, idx[:, s]], w[:, s]))
+            g = self.grads(theta, self.xs[rows, idx[:, s]], self.ys[rows, idx[:, s]], w[:, s])
             theta = theta - lr * active[:, s] * g
         return theta_g + (sizes / sizes.sum() * (theta - theta_g)).sum(0)
+
+
+class Stacked(Vectorized):
+    """The vectorized loop with raysim's own per-step kernel (raysim/stacked.py) in place of torch.func: what
+    one process does with the kernel raysim's shards use (the same numbers, bit for bit)."""
+
+    def grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.fed.algo.batch_grads(theta, x, y, w)
 
 
 @dataclass
@@ -287,7 +299,7 @@ def run_reference(system: str, cfg: ExperimentConfig, workdir: Path) -> tuple[to
     """Run a reference for cfg's rounds: (final parameters, final metrics, clock marked before and after each round, start-up s)."""
     t0 = time.perf_counter()
     fed = Federation(cfg, workdir / "data")
-    runner = (Sequential if system == "sequential" else Vectorized)(fed)
+    runner = {"sequential": Sequential, "vectorized": Vectorized, "stacked": Stacked}[system](fed)
     theta = torch.tensor(fed.algo.init().params, dtype=fed.dtype)
     startup = time.perf_counter() - t0 - fed.data_s
     clock, metrics = RoundClock(), {}
@@ -408,16 +420,17 @@ def ratios(rows: list[Measurement]) -> list[dict]:
     by = {(m.system, m.clients): m for m in rows}
     out = []
     for n in sorted({m.clients for m in rows}):
-        ray_, seq, vec = by[("raysim", n)], by[("sequential", n)], by[("vectorized", n)]
+        ray_, seq, vec, stk = (by[(s, n)] for s in ("raysim", "sequential", "vectorized", "stacked"))
         out.append({
             "clients": n,
             "raysim/vectorized": ray_.round_s / vec.round_s,
+            "raysim/stacked": ray_.round_s / stk.round_s,
             "sequential/raysim": seq.round_s / ray_.round_s,
             "sequential/vectorized": seq.round_s / vec.round_s,
             "cpu raysim/vectorized": ray_.cpu_round_s / vec.cpu_round_s,
             "cpu sequential/raysim": seq.cpu_round_s / ray_.cpu_round_s,
-            "max |acc - raysim|": max(abs(seq.test_accuracy - ray_.test_accuracy), abs(vec.test_accuracy - ray_.test_accuracy)),
-            "max |test_loss - raysim|": max(abs(seq.test_loss - ray_.test_loss), abs(vec.test_loss - ray_.test_loss)),
+            "max |acc - raysim|": max(abs(m.test_accuracy - ray_.test_accuracy) for m in (seq, vec, stk)),
+            "max |test_loss - raysim|": max(abs(m.test_loss - ray_.test_loss) for m in (seq, vec, stk)),
         })
     return out
 
@@ -433,7 +446,7 @@ def peer_table(rows: list[Measurement], per_round: int) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in sorted({m.clients for m in rows}):
-        r, f, t, v = (by[(s, n)] for s in SYSTEMS)
+        r, f, t, v = (by[(s, n)] for s in ("raysim", "flower", "sequential", "vectorized"))
         lines.append(
             f"| {n} ({min(per_round, n)}) | {r.round_s:.3f} | {f.round_s:.3f} | {t.round_s:.3f} | {v.round_s:.3f} |"
             f" {r.round_s / v.round_s:.2f}x | {f.round_s / r.round_s:.1f}x |"
@@ -541,10 +554,11 @@ def markdown(rows: list[Measurement], table: list[dict], checks: list[tuple[str,
         f"{m.clients} clients: ray.init {m.ray_up_s:.2f} s, server up {m.server_up_s:.2f} s,"
         f" client shards ready {m.actors_ready_s:.2f} s" for m in rows if m.system == "raysim") + "."]
     lines += ["", "Ratios of real seconds per round (and of CPU seconds per round):", "",
-              "| clients | raysim / vectorized | sequential / raysim | sequential / vectorized | CPU raysim / vectorized |"
-              " CPU sequential / raysim | max abs acc diff | max abs test-loss diff |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| clients | raysim / vectorized | raysim / stacked | sequential / raysim | sequential / vectorized |"
+              " CPU raysim / vectorized | CPU sequential / raysim | max abs acc diff | max abs test-loss diff |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in table:
-        lines.append(f"| {r['clients']} | {r['raysim/vectorized']:.2f} | {r['sequential/raysim']:.2f} |"
+        lines.append(f"| {r['clients']} | {r['raysim/vectorized']:.2f} | {r['raysim/stacked']:.2f} | {r['sequential/raysim']:.2f} |"
                      f" {r['sequential/vectorized']:.2f} | {r['cpu raysim/vectorized']:.2f} | {r['cpu sequential/raysim']:.2f} | {r['max |acc - raysim|']:.1e} | {r['max |test_loss - raysim|']:.1e} |")
     lines += ["", "| target | measured | met |", "|---|---:|:---:|"]
     lines += [f"| {name} | {value} | {'yes' if ok else 'NO'} |" for name, value, ok in checks]
@@ -589,11 +603,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{system:>10} {n:>5} clients: launch to round 1 {m.launch_s:.2f} s, round {m.round_s:.4f} s"
                       f" ({m.cpu_round_s:.4f} CPU s),"
                       f" peak PSS {m.peak_pss_mb:.0f} MB, test acc {m.test_accuracy:.4f}", flush=True)
-            seq, vec = (Path(tmp) / str(n) / f"{s}.npy" for s in ("sequential", "vectorized"))
+            seq, vec, stk = (Path(tmp) / str(n) / f"{s}.npy" for s in ("sequential", "vectorized", "stacked"))
             if seq.exists() and vec.exists():
                 diff = float(np.abs(np.load(seq) - np.load(vec)).max())
                 print(f"{'':>10} {n:>5} clients: max |params sequential - vectorized| = {diff:.1e}", flush=True)
                 assert diff < MATCH_TOL, f"references disagree at {n} clients: {diff:.1e}"
+            if vec.exists() and stk.exists():
+                assert np.array_equal(np.load(vec), np.load(stk)), f"the stacked kernel is not vmap's, bit for bit, at {n} clients"
     load.append(os.getloadavg()[0])
     if not set(BASE_SYSTEMS) <= set(args.systems):
         return
