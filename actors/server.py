@@ -260,7 +260,9 @@ class RoundServer:
                 results, late = self._real(rp, by_actor, _carried(rp, len(rp.clients)))
         else:
             assert self.sent is None or self.sent.rp.round == round, "rounds run in order"
+            started = time.perf_counter()
             sent, self.sent = self.sent or self._dispatch(round), None
+            sent.rp.started = started  # a round sent ahead overlapped the last one: its wall time counts from here
             rp, results, late = sent.rp, self._virtual(sent), set()
             if len(rp.clients):
                 self.replay.append((round, sent.by_actor, sent.bref))
