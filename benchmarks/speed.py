@@ -1,10 +1,11 @@
 """Speed of raysim against the physical limit: FedAvg, MLP on digits, Dirichlet(0.5), as a user runs it.
 
 Four systems run the same computation with the same seeds: raysim (Ray, client actors, each
-shard's clients at once), a plain single-process torch loop over the clients (`sequential`), that loop
-vectorized with torch.func over the round's clients (`vectorized`, issue 17's limit), and the vectorized
-loop with raysim's own per-step kernel in place of torch.func (`stacked`, raysim/stacked.py: the same
-numbers bit for bit; what one process does with the kernel raysim's shards use). A round selects `--per-round` clients (default 100, or all when fewer), the same ones in
+shard's clients at once), a plain single-process torch loop over the clients (`sequential`), that
+loop vectorized with torch.func over the round's clients (`vectorized`, issue 17's limit), and the
+vectorized loop with raysim's own per-step kernel in place of torch.func (`stacked`,
+raysim/stacked.py: the same numbers bit for bit; what one process does with the kernel raysim's
+shards use). A round selects `--per-round` clients (default 100, or all when fewer), the same ones in
 every system (FedAvg's own plan); each runs 1 local epoch of minibatches of 10 at lr 0.05, drawn by
 the fedavg family's own `batch_plan` from the stream (seed, round, client, "step"), and every
 round ends with the server's evaluation. Each (system, clients) runs in a fresh process, so
