@@ -93,12 +93,12 @@ def _carried(rp: RoundPlan, calls: int) -> Any:
 @dataclass
 class Sent:
     """A round sent to the client actors: its plan, its shards' clients, the broadcast (or its reference)
-    and the calls in flight."""
+    and each actor's call in flight."""
 
     rp: RoundPlan
     by_actor: dict[int, list[int]]
     bref: Any
-    refs: dict[Any, tuple[int, list[int]]]
+    refs: dict[int, Any]  # shard -> the ObjectRef of its actor's result
 
 
 class RoundServer:
@@ -162,7 +162,7 @@ class RoundServer:
         """Stop the client actors (after the round sent ahead, when a run stops early: no error is left
         unread); the process gets its torch thread count back."""
         if self.sent is not None and self.sent.refs and ray.is_initialized():
-            ray.wait(list(self.sent.refs), num_returns=len(self.sent.refs), timeout=RESTART_TIMEOUT_S)
+            ray.wait(list(self.sent.refs.values()), num_returns=len(self.sent.refs), timeout=RESTART_TIMEOUT_S)
         self.sent = None
         for actor in self.actors.values() if ray.is_initialized() else []:
             ray.kill(actor)
@@ -211,7 +211,7 @@ class RoundServer:
         rp = self.engine.plan(round)
         by_actor = shards_of(rp.client_list, self.per_actor) if len(rp.clients) else {}
         bref = _carried(rp, len(by_actor.keys() & self.actors.keys()))
-        refs = {self.actors[a].train.remote(round, cs, bref, rp.reduce, (round, a) in self.faults): (a, cs)
+        refs = {a: self.actors[a].train.remote(round, cs, bref, rp.reduce, (round, a) in self.faults)
                 for a, cs in by_actor.items() if a in self.actors}
         return Sent(rp, by_actor, bref, refs)
 
@@ -221,12 +221,12 @@ class RoundServer:
         rp, results = sent.rp, []
         if self.local is not None and 0 in sent.by_actor:
             results.append(self.local.train(rp.round, sent.by_actor[0], rp.plan.broadcast, rp.reduce))
-        for ref, (shard, clients) in sent.refs.items():
+        for shard, ref in sent.refs.items():
             try:
                 results.append(ray.get(ref))
             except ray.exceptions.RayActorError:
                 self.faults.discard((rp.round, shard))
-                results.append(self._recover(shard, rp.round, clients, sent.bref, rp.reduce))
+                results.append(self._recover(shard, rp.round, sent.by_actor[shard], sent.bref, rp.reduce))
         return results
 
     def _real(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> tuple[list[ShardResult], set[int]]:

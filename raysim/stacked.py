@@ -60,16 +60,18 @@ class StackedGrad:
 
     def __init__(self, layers: list[tuple[str, nn.Module]], spec: ParamSpec,
                  losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], l2: float):
-        self.layers, self.spec, self.losses, self.l2 = layers, spec, losses, l2
+        self.spec, self.losses, self.l2 = spec, losses, l2
+        # each layer with its parameters' names, formed once rather than at every local step
+        self.layers = [(layer, f"{name}.weight", f"{name}.bias") for name, layer in layers]
 
     def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The clients' outputs [k, B, out]."""
         h = x
-        for name, layer in self.layers:
+        for layer, weight, bias in self.layers:
             if type(layer) is nn.Flatten:
                 h = h.reshape(h.shape[0], h.shape[1], -1)
             elif type(layer) is nn.Linear:
-                h = StackedLinear.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"))
+                h = StackedLinear.apply(h, params[weight], params.get(bias))
             else:
                 h = layer(h)
         return h
