@@ -1,7 +1,12 @@
 """The local Ray a run starts: fitted to one machine, without the head daemons a simulation never calls."""
+import base64
+import json
+import time
+
 import psutil
 import ray
 
+from raysim import ray_session
 from raysim.memory import session_processes
 
 
@@ -27,3 +32,27 @@ def test_a_local_ray_has_no_autoscaler_monitor_and_no_api_server_but_forwards_ac
         return x * x
 
     assert ray.get(square.remote(7)) == 49  # tasks and their objects need neither
+
+
+def _system_config(session_dir: str) -> dict:
+    """The session's system config: the GCS's --config_list (base64 JSON), which the raylet and workers fetch."""
+    gcs = next(c for c in _daemons(session_dir) if "gcs_server " in c)
+    encoded = next(a for a in gcs.split() if a.startswith("--config_list=")).split("=", 1)[1]
+    return json.loads(base64.b64decode(encoded))
+
+
+def test_a_local_ray_retries_its_local_sockets_every_10_ms_for_30_s(ray_cluster):
+    config = _system_config(ray._private.worker._global_node.get_session_dir_path())
+    assert config["raylet_client_connect_timeout_milliseconds"] == 10
+    assert config["raylet_client_connect_timeout_milliseconds"] * config["raylet_client_num_connect_attempts"] == 30_000
+
+
+def test_start_up_asks_ray_for_the_node_once_it_has_registered(ray_cluster, monkeypatch):
+    gcs = ray._private.worker._global_node.gcs_address
+    node = ray.get_runtime_context().get_node_id()
+    calls = []
+    wait = ray_session._await_registration(lambda address, node_id: calls.append((address, node_id)) or "info")
+    assert wait(gcs, node) == "info" and calls == [(gcs, node)]
+    monkeypatch.setattr(ray_session, "REGISTERED_WAIT_S", 0.3)  # a node that never registers: Ray's own lookup decides
+    begun = time.monotonic()
+    assert wait(gcs, "ab" * 28) == "info" and calls[-1] == (gcs, "ab" * 28) and time.monotonic() - begun >= 0.3
