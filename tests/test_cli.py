@@ -63,3 +63,12 @@ def test_report_on_a_directory_that_is_not_a_run(tmp_path):
     proc = cli("report", tmp_path)
     assert proc.returncode != 0
     assert "not a raysim run directory" in proc.stdout + proc.stderr
+
+
+def test_the_command_exits_without_collecting_the_finished_run():
+    """`entry_point` (the installed command) returns main's status with the run's objects frozen, so Python's
+    last collection at exit does not walk them; `main` itself, which tests call in-process, freezes nothing."""
+    code = ("import gc, sys; from raysim.cli import entry_point, main; sys.argv = ['raysim', 'list']; "
+            "status = main(); frozen = gc.get_freeze_count(); print(status, frozen, entry_point(), gc.get_freeze_count() > 10000)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.stdout.split()[-4:] == ["0", "0", "0", "True"], proc.stderr

@@ -20,7 +20,7 @@ def test_metadata_names_the_distribution_and_raysim_reports_its_version():
 def test_command_and_plugins_come_from_the_distribution():
     dist = metadata.distribution(DISTRIBUTION)
     (script,) = [e for e in dist.entry_points if e.group == "console_scripts"]
-    assert (script.name, script.value) == ("raysim", "raysim.cli:main")
+    assert (script.name, script.value) == ("raysim", "raysim.cli:entry_point")
     plugins = {e.name: e for e in metadata.entry_points(group="raysim.plugins")}
     assert set(plugins) == {e.name for e in dist.entry_points if e.group == "raysim.plugins"}
     assert {"fedavg", "sketching"} <= set(plugins)
