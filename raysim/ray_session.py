@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
@@ -14,8 +14,8 @@ from ray._private import services as ray_services
 from ray._raylet import GcsClient  # type: ignore[attr-defined]  # (built in Cython; not in its stub)
 
 AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"  # the logger of the token notice
-# Ray's processes connect to a local socket (the raylet to its object store, a worker to the raylet) with
-# tries a second apart. The raylet's first try at its store often comes before the store listens, which
+# Ray's processes connect to a local socket (the raylet to its object store, among others) with tries a
+# second apart. The raylet's first try at its store often comes before the store listens, which
 # cost a whole second in 2 of 5 starts measured; tries 10 ms apart give up after 30 s, as the raylet's
 # own start-up deadline does.
 QUICK_CONNECT = {"raylet_client_connect_timeout_milliseconds": 10, "raylet_client_num_connect_attempts": 3000}
@@ -27,7 +27,7 @@ REGISTERED_POLL_S = 0.01  # how often start-up asks the GCS whether the raylet h
 REGISTERED_WAIT_S = 30.0  # Ray's own deadline for it
 
 
-def _await_registration(get_node: Any) -> Any:
+def _await_registration(get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
     """Ray's `services.get_node`, called once the raylet has registered with the GCS. Ray's own lookup
     sleeps a whole second between tries, and the raylet registers ~1.3 s into a start: the driver then
     idled ~0.7 s, or 1.7 s once the raylet was late. Polling the GCS's node table every 10 ms first

@@ -1,10 +1,12 @@
 """Shared fixtures: one local Ray for the whole session, started by the tests themselves."""
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import ray
 import torch
+from ray._private.internal_api import memory_summary
 
 from raysim import ray_session, register_algorithm
 from raysim.algorithms.fedavg import FedAvg
@@ -23,6 +25,12 @@ STRAGGLERS = {  # 12 digits clients, 8 a round, 4 local steps: compute times 4 +
     "system": {"compute": {"unit": "batch"}, "comm": {"phi": 2.0}},
     "cluster": {"num_actors": 2},
 }
+
+
+def object_store() -> tuple[int, int]:
+    """(MiB, objects) in Ray's object store, as `ray memory --stats-only` reports them."""
+    mib, objects = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)).groups()
+    return int(mib), int(objects)
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,16 @@
 """The local Ray a run starts: fitted to one machine, without the head daemons a simulation never calls."""
 import base64
 import json
-import re
 import time
 
 import numpy as np
 import psutil
 import ray
-from ray._private.internal_api import memory_summary
 
 from raysim import ray_session
 from raysim.memory import session_processes
+
+from conftest import object_store
 
 
 def _daemons(session_dir: str) -> list[str]:
@@ -50,12 +50,6 @@ def test_a_local_ray_retries_its_local_sockets_every_10_ms_for_30_s(ray_cluster)
     assert config["raylet_client_connect_timeout_milliseconds"] * config["raylet_client_num_connect_attempts"] == 30_000
 
 
-def _plasma_objects() -> int:
-    """How many objects Ray's object store holds, as `ray memory --stats-only` reports them."""
-    summary = memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)
-    return int(re.search(r"Plasma memory usage \d+ MiB, (\d+) objects", summary).group(1))
-
-
 def test_a_reply_under_1_mib_comes_back_in_the_call_not_through_the_object_store(ray_cluster):
     @ray.remote(num_cpus=0)
     class Shard:
@@ -64,9 +58,9 @@ def test_a_reply_under_1_mib_comes_back_in_the_call_not_through_the_object_store
 
     shard = Shard.remote()
     ray.get(shard.reply.remote(1))
-    before = _plasma_objects()
+    before = object_store()[1]
     ref = shard.reply.remote(250_000)  # 1 MB: ten times Ray's own limit of 100 KiB
-    assert ray.get(ref).sum() == 250_000 and _plasma_objects() <= before
+    assert ray.get(ref).sum() == 250_000 and object_store()[1] <= before
     ray.kill(shard)
 
 

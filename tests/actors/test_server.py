@@ -1,7 +1,6 @@
 """The server actor on a real local Ray: `clock: real` really waiting for real stragglers, a killed
 client actor restarted with its clients' state, and memory that stays flat over many rounds."""
 import os
-import re
 import time
 
 import numpy as np
@@ -9,7 +8,6 @@ import pandas as pd
 import psutil
 import pytest
 import ray
-from ray._private.internal_api import memory_summary
 
 import raysim
 from raysim import Cost, register_algorithm
@@ -19,7 +17,7 @@ from raysim.errors import ConfigError
 from raysim.results import reproducible
 from raysim.system import SystemModel
 
-from conftest import STRAGGLERS as CFG
+from conftest import STRAGGLERS as CFG, object_store
 
 
 def run(tmp_path, name, **overrides):
@@ -118,12 +116,6 @@ LONG = {"name": "long", "seed": 0, "data": {"source": "digits", "num_clients": 4
         "model": {"name": "mlp", "hidden": [1024]},  # a 300 KB broadcast: the object store holds it, not the caller
         "algorithm": {"name": "fedavg", "clients_per_round": 2, "lr": 0.05, "local_steps": 1, "batch_size": 8},
         "checkpoint": {"every": 0, "replay_rounds": 20}, "eval": {"every": 50}, "cluster": {"num_actors": 2}}
-
-
-def object_store() -> tuple[int, int]:
-    """(MiB, objects) in Ray's object store, as `ray memory --stats-only` reports them."""
-    mib, objects = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)).groups()
-    return int(mib), int(objects)
 
 
 @pytest.mark.parametrize("rounds", [300, pytest.param(2000, marks=pytest.mark.slow)])
