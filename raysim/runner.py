@@ -14,7 +14,7 @@ import ray
 from raysim import checkpoint, ray_session
 from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
-from raysim.data import build_federated
+from raysim.data import build_federated, check_source
 from raysim.export import save_federated
 from raysim.errors import ConfigError, DivergenceError, RunDirError, UserError
 from raysim.experiment import Experiment
@@ -150,6 +150,7 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
     status = "failed"
     try:
         experiment = Experiment.of(cfg)
+        check_source(cfg.data)  # a missing file or column is reported before Ray starts
         where = address or cfg.cluster.address
         if cfg.backend == "ray":  # Ray, then the client actors, first: their processes boot while the data are built
             started_ray = ensure_ray(cfg, address)

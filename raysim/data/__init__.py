@@ -5,7 +5,7 @@ Paper-specific sources live in their family's plugin (`raysim.algorithms.<family
 from raysim.data.config import DataConfig, PartitionConfig
 from raysim.data.federated import FederatedData, build_federated, read_client_block, read_clients, read_rows, read_table_arrays
 from raysim.data.partition import partition, register_partitioner
-from raysim.data.sources import ClientBlocks, Source, load_source, register_block_source, register_source
+from raysim.data.sources import ClientBlocks, Source, check_source, load_source, register_block_source, register_source
 from raysim.data import vision  # noqa: F401  (registers fashion_mnist, cifar10, svhn, cinic10, digits28)
 from raysim.data import huggingface_source, torchvision_source  # noqa: F401  (register huggingface, torchvision)
 
@@ -16,6 +16,7 @@ __all__ = [
     "PartitionConfig",
     "Source",
     "build_federated",
+    "check_source",
     "load_source",
     "partition",
     "read_client_block",

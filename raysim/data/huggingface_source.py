@@ -37,16 +37,23 @@ class HuggingfaceOptions(BaseModel):
                                        "arrays or images)")
 
 
-def _load(options: HuggingfaceOptions):
-    """The saved Dataset, or DatasetDict, at options.path."""
-    try:
-        import datasets
-    except ImportError as e:
-        raise DataError(needs_extra("data.source: 'huggingface'", "huggingface") + f" ({e})") from e
+def _saved_dir(cfg: DataConfig) -> Path:
+    """data.options.path, which must be a directory: a dataset saved with save_to_disk."""
+    options = cfg.source_options()
+    assert isinstance(options, HuggingfaceOptions)
     path = Path(options.path).expanduser()
     if not path.is_dir():
         raise DataError(f"data.options.path: {options.path!r} is not a directory (source 'huggingface' reads "
                         f"a dataset saved with save_to_disk)")
+    return path
+
+
+def _load(path: Path, options: HuggingfaceOptions):
+    """The saved Dataset, or DatasetDict, at path (options.path)."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise DataError(needs_extra("data.source: 'huggingface'", "huggingface") + f" ({e})") from e
     try:
         return datasets.load_from_disk(str(path))
     except (FileNotFoundError, OSError, ValueError) as e:
@@ -93,12 +100,12 @@ def _columns(dataset, options: HuggingfaceOptions) -> list[str]:
     return columns
 
 
-@register_source("huggingface", options=HuggingfaceOptions)
+@register_source("huggingface", options=HuggingfaceOptions, check=_saved_dir)
 def huggingface(cfg: DataConfig, seed: int) -> Source:
     """The saved dataset's feature columns and class labels, its test split (if any) marked."""
     options = cfg.source_options()
     assert isinstance(options, HuggingfaceOptions)
-    parts = _splits(_load(options), options)
+    parts = _splits(_load(_saved_dir(cfg), options), options)
     columns = _columns(parts[0], options)
     xs, ys, shapes = [], [], set()
     for i, part in enumerate(parts):

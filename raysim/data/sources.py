@@ -101,23 +101,28 @@ class ClientBlocks:
 
 SourceLoader = Callable[["DataConfig", int], Source]
 BlockLoader = Callable[["DataConfig", int], ClientBlocks]
+SourceCheck = Callable[["DataConfig"], object]
 
 
-def register_source(name: str, natural: bool = False, options: type | None = None) -> Callable[[SourceLoader], SourceLoader]:
+def register_source(name: str, natural: bool = False, options: type | None = None,
+                    check: SourceCheck | None = None) -> Callable[[SourceLoader], SourceLoader]:
     """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`; `natural` when the
     source assigns its samples to clients itself (`partition.kind: natural`); `options`, a pydantic
-    model of the source's own parameters (`data.options:`, read with `cfg.source_options()`)."""
+    model of the source's own parameters (`data.options:`, read with `cfg.source_options()`); `check(cfg)`,
+    what the source can find wrong cheaply (a missing file or column), raising DataError before Ray starts."""
 
     def wrap(fn: SourceLoader) -> SourceLoader:
         fn.natural = natural  # type: ignore[attr-defined]
         fn.options = options  # type: ignore[attr-defined]
+        fn.check = check  # type: ignore[attr-defined]
         SOURCES[name] = fn
         return fn
 
     return wrap
 
 
-def register_block_source(name: str, options: type | None = None) -> Callable[[BlockLoader], BlockLoader]:
+def register_block_source(name: str, options: type | None = None,
+                          check: SourceCheck | None = None) -> Callable[[BlockLoader], BlockLoader]:
     """Decorator: make `f(cfg, seed) -> ClientBlocks`, a natural source made a block of clients at a time,
     available as `data.source: name`; a build under the natural partition then never pools its samples."""
 
@@ -127,10 +132,18 @@ def register_block_source(name: str, options: type | None = None) -> Callable[[B
 
         pooled.__doc__ = fn.__doc__
         pooled.blocks = fn  # type: ignore[attr-defined]
-        register_source(name, natural=True, options=options)(pooled)
+        register_source(name, natural=True, options=options, check=check)(pooled)
         return fn
 
     return wrap
+
+
+def check_source(cfg: DataConfig) -> None:
+    """The source's own quick check of `data:` (see `register_source`): a run makes it before Ray starts,
+    so a missing file is one line at once, not after Ray's start-up; the build finds everything else."""
+    check = getattr(SOURCES.lookup(cfg.source), "check", None)
+    if check is not None:
+        check(cfg)
 
 
 def load_blocks(cfg: DataConfig, seed: int) -> ClientBlocks | None:
@@ -286,7 +299,43 @@ def class_indices(values: np.ndarray) -> tuple[np.ndarray, int]:
     return index.astype(np.int64), len(classes)
 
 
-@register_source("parquet", natural=True)
+def _unreadable(path: str, e: Exception) -> DataError:
+    """The error for a file that is not Parquet (or not readable as Parquet)."""
+    return DataError(f"data.path: cannot read {path} as Parquet ({str(e).splitlines()[0]})")
+
+
+def parquet_columns(cfg: DataConfig) -> tuple[str, list[str], bool]:
+    """(the file, its feature columns, whether it has the client column) of source 'parquet', from the file's
+    schema alone: the file, the label, feature and client columns are checked without reading a row."""
+    path = cfg.path
+    assert path is not None  # DataConfig requires data.path for source 'parquet'
+    if not Path(path).is_file():
+        raise DataError(f"data.path: {path!r} is not a file (source 'parquet' reads one Parquet file)")
+    try:
+        schema = pq.read_schema(path, memory_map=True)
+    except (OSError, pa.ArrowException) as e:
+        raise _unreadable(path, e) from e
+    names = schema.names
+    if cfg.label_column not in names:
+        raise DataError(f"data.label_column: no column {cfg.label_column!r} in {path} (columns: {names})")
+    if cfg.feature_columns is None:
+        columns = [n for n in names
+                   if n not in (cfg.label_column, cfg.client_column) and is_feature(schema.field(n).type)]
+    else:
+        columns = cfg.feature_columns
+        missing = [n for n in columns if n not in names]
+        if missing:
+            raise DataError(f"data.feature_columns: no columns {missing} in {path} (columns: {names})")
+    if not columns:
+        raise DataError(f"data.feature_columns: {path} has no columns of numbers, arrays or images")
+    has_clients = cfg.client_column in names
+    if not has_clients and cfg.partition.kind == NATURAL:
+        raise DataError(f"data.client_column: no column {cfg.client_column!r} in {path} "
+                         f"for the natural partition (columns: {names})")
+    return path, columns, has_clients
+
+
+@register_source("parquet", natural=True, check=parquet_columns)
 def parquet(cfg: DataConfig, seed: int) -> Source:
     """Any Parquet file: `label_column`, the feature columns, and `client_column` for a natural partition.
 
@@ -295,35 +344,16 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
     or overrides it; see `raysim.data.columns.features`). Client ids are renumbered 0..K-1 in
     sorted order of their values.
     """
-    assert cfg.path is not None  # DataConfig requires data.path for source 'parquet'
-    if not Path(cfg.path).is_file():
-        raise DataError(f"data.path: {cfg.path!r} is not a file (source 'parquet' reads one Parquet file)")
+    path, columns, has_clients = parquet_columns(cfg)
     try:
-        table = pq.read_table(cfg.path, memory_map=True)
+        table = pq.read_table(path, memory_map=True)
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"data.path: cannot read {cfg.path} as Parquet ({str(e).splitlines()[0]})") from e
-    names = table.column_names
-    if cfg.label_column not in names:
-        raise DataError(f"data.label_column: no column {cfg.label_column!r} in {cfg.path} (columns: {names})")
-    if cfg.feature_columns is None:
-        columns = [n for n in names
-                   if n not in (cfg.label_column, cfg.client_column) and is_feature(table.schema.field(n).type)]
-    else:
-        columns = cfg.feature_columns
-        missing = [n for n in columns if n not in names]
-        if missing:
-            raise DataError(f"data.feature_columns: no columns {missing} in {cfg.path} (columns: {names})")
-    if not columns:
-        raise DataError(f"data.feature_columns: {cfg.path} has no columns of numbers, arrays or images")
-    has_clients = cfg.client_column in names
-    if not has_clients and cfg.partition.kind == NATURAL:
-        raise DataError(f"data.client_column: no column {cfg.client_column!r} in {cfg.path} "
-                         f"for the natural partition (columns: {names})")
+        raise _unreadable(path, e) from e
     used = [cfg.label_column, *columns, *([cfg.client_column] if has_clients else [])]
     nulls = [n for n in used if table.column(n).null_count]
     if nulls:
-        raise DataError(f"data.path: columns {nulls} of {cfg.path} contain nulls")
-    x, image_shape = features(table, columns, cfg.feature_shape, cfg.path)
+        raise DataError(f"data.path: columns {nulls} of {path} contain nulls")
+    x, image_shape = features(table, columns, cfg.feature_shape, path)
     y, num_classes = class_indices(table.column(cfg.label_column).to_numpy())
     natural = None
     if has_clients:

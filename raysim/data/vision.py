@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,7 +69,7 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-@register_source("fashion_mnist")
+@register_source("fashion_mnist", check=partial(_directory, name="fashion_mnist"))
 def fashion_mnist(cfg: DataConfig, seed: int) -> Source:
     """FashionMNIST from its IDX files (in data.path or data.path/FashionMNIST/raw), 70,000 1x28x28 images."""
     root = _directory(cfg, "fashion_mnist")
@@ -84,7 +85,7 @@ def fashion_mnist(cfg: DataConfig, seed: int) -> Source:
     return _source(images, np.concatenate([p[1] for p in parts]), test, "fashion_mnist")
 
 
-@register_source("cifar10")
+@register_source("cifar10", check=partial(_directory, name="cifar10"))
 def cifar10(cfg: DataConfig, seed: int) -> Source:
     """CIFAR-10 from the python pickles (cifar-10-batches-py/data_batch_1..5, test_batch), 60,000 3x32x32 images."""
     root = _directory(cfg, "cifar10")
@@ -99,7 +100,7 @@ def cifar10(cfg: DataConfig, seed: int) -> Source:
     return _source(np.concatenate(images), np.concatenate(labels), test, "cifar10")
 
 
-@register_source("svhn")
+@register_source("svhn", check=partial(_directory, name="svhn"))
 def svhn(cfg: DataConfig, seed: int) -> Source:
     """SVHN from train_32x32.mat and test_32x32.mat (label 10 is the digit 0), 99,289 3x32x32 images."""
     from scipy.io import loadmat
@@ -114,7 +115,7 @@ def svhn(cfg: DataConfig, seed: int) -> Source:
     return _source(np.concatenate(images), np.concatenate(labels), test, "svhn")
 
 
-@register_source("cinic10")
+@register_source("cinic10", check=partial(_directory, name="cinic10"))
 def cinic10(cfg: DataConfig, seed: int) -> Source:
     """CINIC-10 from its png folders (<split>/<class>/*.png for the splits present: train, valid, test)."""
     from PIL import Image

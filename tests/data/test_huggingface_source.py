@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raysim.data import DataConfig, build_federated, load_source
+from raysim.data import DataConfig, build_federated, check_source, load_source
 from raysim.errors import DataError
 
 
@@ -73,3 +73,9 @@ def test_one_saved_dataset_and_the_errors(saved, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if the extra were not installed
     with pytest.raises(DataError, match=r"pip install 'raysim-fl\[huggingface\]'"):
         load_source(hf(path), 0)
+
+
+def test_the_quick_check_needs_the_saved_directory(saved, tmp_path):
+    with pytest.raises(DataError, match="data.options.path: .* is not a directory"):
+        check_source(hf(tmp_path / "missing"))
+    check_source(hf(saved[0]))

@@ -5,16 +5,22 @@ from __future__ import annotations
 import io
 import random
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
 import raysim
-from raysim.data import DataConfig, Source, load_source, register_source
+from raysim.data import DataConfig, Source, check_source, load_source, register_source
 from raysim.errors import DataError
 from raysim.plugins import SOURCES
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_digits_is_the_bundled_8x8_set_in_unit_range():
@@ -149,6 +155,37 @@ def test_parquet_errors_name_the_column(tmp_path):
         load_source(DataConfig(source="parquet", path=str(path), num_clients=1, label_column="y"), 0)
     with pytest.raises(ValueError, match="data.feature_columns"):
         load_source(DataConfig(source="parquet", path=str(path), num_clients=1, feature_columns=["b"]), 0)
+
+
+def test_the_quick_check_finds_what_the_build_would_without_reading_a_row(tmp_path, monkeypatch):
+    """check_source (made before Ray starts) gives the build's own errors for a missing file or column,
+    from the Parquet schema alone; a source registered without a check passes it."""
+    path = tmp_path / "plain.parquet"
+    pd.DataFrame({"a": [1.0, 2.0], "label": [0, 1]}).to_parquet(path)
+    monkeypatch.setattr(pq, "read_table", None)  # a row read would fail with a TypeError
+    bad = [({"path": str(tmp_path / "missing.parquet")}, "data.path: .* is not a file"),
+           ({"path": str(path), "label_column": "y"}, "data.label_column: no column 'y'"),
+           ({"path": str(path), "feature_columns": ["b"]}, "data.feature_columns: no columns \\['b'\\]"),
+           ({"path": str(path), "partition": {"kind": "natural"}}, "data.client_column")]
+    for fields, message in bad:
+        with pytest.raises(DataError, match=message):
+            check_source(DataConfig(source="parquet", num_clients=1, **fields))
+    check_source(DataConfig(source="parquet", path=str(path), num_clients=1))
+    check_source(DataConfig(source="digits", num_clients=1))
+
+
+def test_a_missing_file_stops_a_run_before_ray_starts(tmp_path):
+    code = ("import raysim.ray_session as rs, raysim\n"
+            "starts = []\n"
+            "rs.start_local = lambda *a, **k: starts.append(1)\n"
+            "try:\n"
+            f"    raysim.run('configs/fedavg/quickstart.yaml', ['data.source=parquet', 'data.path={tmp_path}/none.parquet'],"
+            f" out='{tmp_path}/run')\n"
+            "except raysim.errors.DataError as e:\n"
+            "    print(len(starts), e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.stdout.startswith("0 data.path: ") and "none.parquet" in proc.stdout, proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_registered_source_and_its_shape_checks():

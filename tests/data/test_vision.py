@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 from scipy.io import savemat
 
-from raysim.data import DataConfig, build_federated, load_source
+from raysim.data import DataConfig, build_federated, check_source, load_source
+from raysim.errors import DataError
 
 
 def cfg(source, path):
@@ -88,6 +89,13 @@ def test_cinic10_png_folders(tmp_path):
 def test_missing_files_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="data.path"):
         load_source(cfg("cifar10", tmp_path), 0)
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist", "cifar10", "svhn", "cinic10"])
+def test_the_quick_check_needs_the_directory(tmp_path, name):
+    with pytest.raises(DataError, match=f"data.path: .* is not a directory \\(source '{name}'\\)"):
+        check_source(cfg(name, tmp_path / "missing"))
+    check_source(cfg(name, tmp_path))
 
 
 def test_digits28_shape():
