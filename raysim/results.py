@@ -28,14 +28,17 @@ def reproducible(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
-    """`runs/<name>-<timestamp>/`, made unique if two runs start in the same second."""
+    """`runs/<name>-<timestamp>/`, created here: making it is what claims the name, so runs that start in the
+    same second (a sweep's trials, two terminals) each get their own, suffixed -1, -2, ..."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = root / f"{name}-{stamp}"
     path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    path.mkdir(parents=True)
-    return path
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            path, i = Path(f"{base}-{i}"), i + 1
 
 
 def _read_parts(parts: list[Path]) -> pd.DataFrame:

@@ -1,9 +1,13 @@
 """Result tables: atomic Parquet writes that keep every column, read back with pandas (a real run with
 metrics missing from its first rounds: tests/test_runner.py::test_results_tables_and_columns)."""
 import math
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 
+from raysim import results
 from raysim.atomic import write_parquet
 
 
@@ -57,3 +61,21 @@ def test_the_writer_batches_rounds_into_one_part_and_a_resume_cuts_a_part_at_the
     assert result.clients[["round", "client_id"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1], [3, 5]]
     assert sorted(p.name for p in (tmp_path / "clients.parquet").iterdir()) == ["round-000001-000002.parquet",
                                                                                "round-000003.parquet"]
+
+
+
+def test_runs_that_start_in_the_same_second_each_claim_their_own_directory(tmp_path, monkeypatch):
+    """Making the directory claims the name: a run that makes `base` between another's look and its mkdir
+    (simulated here at the first mkdir) sends that one on to base-1, instead of failing or sharing base."""
+    monkeypatch.setattr(results, "datetime", SimpleNamespace(now=lambda: datetime(2026, 11, 26, 5, 0, 0)))
+    base = tmp_path / "quick-20261126-050000"
+    mkdir = Path.mkdir
+
+    def raced(self: Path, *args, **kwargs) -> None:
+        if self == base and not self.exists():
+            mkdir(self, *args, **kwargs)  # the other run, first
+        mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", raced)
+    assert results.new_run_dir("quick", tmp_path) == tmp_path / "quick-20261126-050000-1" and base.is_dir()
+    assert results.new_run_dir("quick", tmp_path) == tmp_path / "quick-20261126-050000-2"
