@@ -383,28 +383,34 @@ def read_clients(path: str | Path, client_ids: Iterable[int]) -> dict[int, tuple
 def read_client_block(path: str | Path, client_ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(ids, offsets, x, y): exactly the requested clients as one block of rows, client ids[i]'s rows being
     x[offsets[i]:offsets[i + 1]] in file order (ids sorted). Row groups whose client_id statistics miss the ids
-    are skipped; the others are read one at a time into arrays sized from a first pass over their client_id
-    column, so 500,000 clients (a shard) take their own rows' memory and one row group's, with no Python object
-    per client. Raises KeyError for a client with no rows in the file."""
-    ids = np.unique(np.asarray(list(client_ids), dtype=np.int64))
+    are skipped, and those inside a contiguous run of ids are read whole; the others are read one at a time into
+    arrays sized from a first pass over their client_id column, so 500,000 clients (a shard) take their own rows'
+    memory and one row group's, with no Python object per client. Raises KeyError for a client with no rows."""
+    if isinstance(client_ids, range) and client_ids.step == 1:  # a shard's clients: sorted and distinct already
+        ids = np.arange(client_ids.start, client_ids.stop, dtype=np.int64)
+    else:
+        ids = np.unique(np.asarray(list(client_ids), dtype=np.int64))
     lo, hi = (int(ids[0]), int(ids[-1])) if ids.size else (0, -1)
     run = len(ids) == hi - lo + 1
     file = pq.ParquetFile(path)
-    groups, masks = [], []
+    picks: list[tuple[int, np.ndarray | None]] = []
     for g in range(file.num_row_groups):
         stats = file.metadata.row_group(g).column(0).statistics
-        if stats is not None and stats.has_min_max and (stats.max < lo or stats.min > hi):
+        known = stats is not None and stats.has_min_max
+        if known and (stats.max < lo or stats.min > hi):
+            continue
+        if known and run and lo <= stats.min and stats.max <= hi:
+            picks.append((g, None))  # every row is wanted: its client_id column is decoded once, with the rest
             continue
         cid = file.read_row_group(g, columns=["client_id"]).column(0).to_numpy()
         keep = (cid >= lo) & (cid <= hi) if run else np.isin(cid, ids)
         if keep.any():
-            groups.append(g)
-            masks.append(keep)
-    cid, x, y = _read_groups(file, list(zip(groups, masks)))
+            picks.append((g, keep))
+    cid, x, y = _read_groups(file, picks)
     if np.any(np.diff(cid) < 0):  # a stable sort keeps each client's rows in file order
         order = np.argsort(cid, kind="stable")
         cid, x, y = cid[order], x[order], y[order]
-    counts = np.bincount(np.searchsorted(ids, cid), minlength=len(ids))
+    counts = np.bincount(cid - lo if run else np.searchsorted(ids, cid), minlength=len(ids))
     if np.any(counts == 0):
         raise KeyError(f"clients {ids[counts == 0].tolist()} have no rows in {path}")
     return ids, np.concatenate([[0], np.cumsum(counts)]), x, y

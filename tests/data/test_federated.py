@@ -13,8 +13,8 @@ from raysim.data import DataConfig, FederatedData, build_federated, read_client_
 from raysim.data import federated
 
 
-def digits(tmp_path, kind="iid", seed=0, **kw) -> FederatedData:
-    cfg = DataConfig(source="digits", num_clients=10, partition={"kind": kind}, **kw)
+def digits(tmp_path, kind="iid", seed=0, num_clients=10, **kw) -> FederatedData:
+    cfg = DataConfig(source="digits", num_clients=num_clients, partition={"kind": kind}, **kw)
     return build_federated(cfg, seed, tmp_path / f"{kind}-{seed}")
 
 
@@ -77,23 +77,38 @@ def test_read_clients_returns_exactly_those_rows_as_in_pandas(tmp_path):
         read_clients(fd.train_path, [10])
 
 
-@pytest.mark.parametrize("ids, shuffled", [([7, 2, 7, 4], False), (range(3, 9), False), (range(3, 9), True)],
-                         ids=["scattered", "a-run", "rows-out-of-client-order"])
-def test_a_client_block_holds_each_clients_rows_at_its_offsets_in_file_order(tmp_path, monkeypatch, ids, shuffled):
+@pytest.mark.parametrize("ids, shuffled, clients", [([7, 2, 7, 4], False, 10), (range(3, 9), False, 10),
+                                                     (range(30, 47), False, 100), (range(3, 9), True, 10)],
+                         ids=["scattered", "a-run", "a-run-of-small-clients", "rows-out-of-client-order"])
+def test_a_client_block_holds_each_clients_rows_at_its_offsets_in_file_order(tmp_path, monkeypatch, ids, shuffled, clients):
     """The shard's one block of rows: client ids[i] at x[offsets[i]:offsets[i+1]], the rows read_clients gives
-    it, across row groups (40 rows each), for a run of ids, scattered ids asked for out of order, and a file
-    whose rows are not grouped by client."""
+    it, across row groups (40 rows each), for a run of ids (of clients larger than a group, and of groups that
+    hold several clients), scattered ids asked for out of order, and a file whose rows are not grouped by client.
+    Only the groups at a run's ends need a first pass over client_id."""
     monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 40 * (64 * 4 + 16))
-    fd = digits(tmp_path, kind="dirichlet")
+    fd = digits(tmp_path, kind="dirichlet", num_clients=clients)
     if shuffled:
         table = pq.read_table(fd.train_path)
         pq.write_table(table.take(np.random.default_rng(0).permutation(len(table))), fd.train_path, row_group_size=40)
+    first_pass, read = [], pq.ParquetFile.read_row_group
+
+    def spy(self, i, columns=None, **kwargs):
+        if columns == ["client_id"]:
+            first_pass.append(i)
+        return read(self, i, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
     got, offsets, x, y = read_client_block(fd.train_path, ids)
-    assert got.tolist() == sorted(set(ids)) and offsets[0] == 0 and offsets[-1] == len(x) == len(y)
-    for i, (c, (cx, cy)) in enumerate(sorted(read_clients(fd.train_path, ids).items())):
+    first_passes = len(first_pass)  # read_clients below reads client_id too
+    want = sorted(read_clients(fd.train_path, ids).items())
+    assert got.tolist() == sorted(set(ids)) and len(offsets) == len(got) + 1 and offsets[0] == 0
+    assert offsets[-1] == len(x) == len(y) == sum(len(cy) for _, (cx, cy) in want)  # those rows and no others
+    if isinstance(ids, range) and not shuffled:  # a run's inner groups are read whole, their client_id once
+        assert first_passes <= 2 and len(x) > 3 * 40
+    for i, (c, (cx, cy)) in enumerate(want):
         assert got[i] == c and np.array_equal(x[offsets[i]:offsets[i + 1]], cx) and np.array_equal(y[offsets[i]:offsets[i + 1]], cy)
-    with pytest.raises(KeyError, match=r"clients \[10\]"):
-        read_client_block(fd.train_path, [3, 10])
+    with pytest.raises(KeyError, match=rf"clients \[{clients}\]"):
+        read_client_block(fd.train_path, [3, clients])
 
 
 @pytest.mark.parametrize("rows", [[], [0], [5, 39, 40, 41, 700, 1437], list(range(1438))], ids=["none", "first", "spread", "all"])
