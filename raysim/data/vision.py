@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raysim.data.sources import Source, register_source
+from raysim.data.sources import Source, SourceLoader, register_source
 from raysim.errors import DataError
 
 if TYPE_CHECKING:
@@ -40,6 +41,11 @@ def _directory(cfg: DataConfig, name: str) -> Path:
     if not path.is_dir():
         raise DataError(f"data.path: {str(path)!r} is not a directory (source {name!r})")
     return path
+
+
+def _folder_source(name: str) -> Callable[[SourceLoader], SourceLoader]:
+    """Register a source read from the folder `data.path`, whose absence is found before Ray starts."""
+    return register_source(name, check=partial(_directory, name=name))
 
 
 def _find(root: Path, names: list[str], what: str) -> Path:
@@ -69,7 +75,7 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-@register_source("fashion_mnist", check=partial(_directory, name="fashion_mnist"))
+@_folder_source("fashion_mnist")
 def fashion_mnist(cfg: DataConfig, seed: int) -> Source:
     """FashionMNIST from its IDX files (in data.path or data.path/FashionMNIST/raw), 70,000 1x28x28 images."""
     root = _directory(cfg, "fashion_mnist")
@@ -85,7 +91,7 @@ def fashion_mnist(cfg: DataConfig, seed: int) -> Source:
     return _source(images, np.concatenate([p[1] for p in parts]), test, "fashion_mnist")
 
 
-@register_source("cifar10", check=partial(_directory, name="cifar10"))
+@_folder_source("cifar10")
 def cifar10(cfg: DataConfig, seed: int) -> Source:
     """CIFAR-10 from the python pickles (cifar-10-batches-py/data_batch_1..5, test_batch), 60,000 3x32x32 images."""
     root = _directory(cfg, "cifar10")
@@ -100,7 +106,7 @@ def cifar10(cfg: DataConfig, seed: int) -> Source:
     return _source(np.concatenate(images), np.concatenate(labels), test, "cifar10")
 
 
-@register_source("svhn", check=partial(_directory, name="svhn"))
+@_folder_source("svhn")
 def svhn(cfg: DataConfig, seed: int) -> Source:
     """SVHN from train_32x32.mat and test_32x32.mat (label 10 is the digit 0), 99,289 3x32x32 images."""
     from scipy.io import loadmat
@@ -115,7 +121,7 @@ def svhn(cfg: DataConfig, seed: int) -> Source:
     return _source(np.concatenate(images), np.concatenate(labels), test, "svhn")
 
 
-@register_source("cinic10", check=partial(_directory, name="cinic10"))
+@_folder_source("cinic10")
 def cinic10(cfg: DataConfig, seed: int) -> Source:
     """CINIC-10 from its png folders (<split>/<class>/*.png for the splits present: train, valid, test)."""
     from PIL import Image
