@@ -11,13 +11,13 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 import torch
 
 from raysim import checkpoint
-from raysim.actors.client import ClientActor
+from raysim.actors.client import ClientActor, StateLost
 from raysim.actors.placement import ActorResources, client_resources, client_scheduling
 from raysim.data import FederatedData
 from raysim.engine import RoundEngine, RoundPlan, shards_of
@@ -28,6 +28,7 @@ from raysim.shard import ClientShard, ShardResult
 RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
 INLINE_BYTES = 100_000  # broadcasts that all of a round's calls carry in fewer bytes go inline (Ray's own inline limit)
 REPLY_GRACE_S = 0.5  # real clock: how long replies that left before the deadline may take to arrive
+LOST = (ray.exceptions.RayActorError, StateLost)  # a client actor died, or Ray restarted it without its state
 
 
 @dataclass
@@ -143,16 +144,15 @@ class RoundServer:
                 "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "actor_nodes": nodes,
                 "actors_s": time.perf_counter() - t0}
 
-    def resume(self) -> None:
-        """Load the run's newest checkpoint (if any) into the server and every shard."""
-        assert self.run_dir is not None, "resume needs a run directory"
-        found = checkpoint.latest(self.run_dir)
-        if found is not None:
-            self.engine.load(found[1])
-            self.ckpt = str(found[1])
-            ray.get([a.restore.remote(self.ckpt, []) for a in self.actors.values()])
-            if self.local is not None:
-                self.local.restore(self.ckpt, [])
+    def resume(self, folder: str) -> None:
+        """Load the checkpoint in `folder` (the runner's verified choice) into the server and every shard."""
+        self.engine.load(Path(folder))
+        self.ckpt = folder
+        refs = {i: a.restore.remote(folder, []) for i, a in self.actors.items()}
+        if self.local is not None:
+            self.local.restore(folder, [])
+        for i, ref in refs.items():
+            self._settle(i, ref, lambda actor: None)
 
     def state(self) -> Any:
         """The algorithm's server state (callbacks see a copy)."""
@@ -170,41 +170,78 @@ class RoundServer:
         torch.set_num_threads(self.threads)
 
     def _checkpoint(self, round: int) -> None:
-        """Save server and client state after `round` and forget the replay log; the driver commits
-        the checkpoint once the round's results are on disk, so a resume never skips a round's row."""
+        """Save server and client state after `round`, then the manifest, and forget the replay log; the driver
+        commits the checkpoint once the round's results are on disk, so a resume never skips a round's row."""
         assert self.run_dir is not None, "checkpoints need a run directory"
-        folder = checkpoint.checkpoint_dir(self.run_dir, round)
-        self.engine.save(folder)
-        ray.get([a.save.remote(str(folder)) for a in self.actors.values()])
+        folder = str(checkpoint.checkpoint_dir(self.run_dir, round))
+        refs = {i: a.save.remote(folder) for i, a in self.actors.items()}
+        files = self.engine.save(Path(folder))
         if self.local is not None:
-            self.local.save(folder)
-        self.ckpt, self.snapshots, self.replay = str(folder), None, []
+            files.update(self.local.save(folder))
+        for i, ref in refs.items():
+            files.update(self._settle(i, ref, lambda actor: actor.save.remote(folder)))
+        checkpoint.write_manifest(Path(folder), round, files)
+        self.ckpt, self.snapshots, self.replay = folder, None, []
+
+    def checkpoint(self, round: int) -> None:
+        """Checkpoint after `round`, the last round of a run that stops (a callback or a signal), unless its
+        own checkpoint was taken: the round sent ahead is waited for, and the actors it reached are brought
+        back to `round` (their last checkpoint or snapshot and the rounds logged since) before they save."""
+        assert self.run_dir is not None, "checkpoints need a run directory"
+        if self.ckpt == str(checkpoint.checkpoint_dir(self.run_dir, round)):
+            return
+        ahead, self.sent = self.sent, None
+        if ahead is not None and ahead.refs:
+            ray.wait(list(ahead.refs.values()), num_returns=len(ahead.refs), timeout=RESTART_TIMEOUT_S)
+            deadline = time.monotonic() + RESTART_TIMEOUT_S
+            for shard in ahead.refs:
+                self._revive(shard, deadline)
+        self._checkpoint(round)
 
     def _bound_replay(self) -> None:
         """After `checkpoint.replay_rounds` rounds without a checkpoint, every shard's client states are
         snapshotted in the object store and the logged broadcasts released: memory stays flat however long the run.
         Shard 0 in this process needs none: it cannot die without the run."""
         if len(self.replay) >= self.cfg.checkpoint.replay_rounds:
-            snapshots = {i: a.snapshot.remote() for i, a in self.actors.items()}
-            ray.wait(list(snapshots.values()), num_returns=len(snapshots))
-            self.snapshots, self.replay = snapshots, []
+            refs = {i: a.snapshot.remote() for i, a in self.actors.items()}  # (size, states) each
+            for i in refs:
+                def again(actor: Any, i: int = i) -> Any:
+                    refs[i] = actor.snapshot.remote()
+                    return refs[i][0]
+                self._settle(i, refs[i][0], again)
+            self.snapshots, self.replay = {i: states for i, (_, states) in refs.items()}, []
 
-    def _recover(self, shard: int, round: int, clients: list[int], bref, reduce: bool) -> ShardResult:
-        """A dead client actor (restarted by Ray) gets its clients' state back, then redoes the round."""
-        self.restarts += 1
+    def _revive(self, shard: int, deadline: float) -> None:
+        """Bring shard's client actor to the present: (re)load its data if Ray restarted it, then restore its
+        clients' states from the last checkpoint or snapshot and replay the rounds logged since."""
         actor = self.actors[shard]
-        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        log = [(t, by_shard[shard], b) for t, by_shard, b in self.replay if shard in by_shard]
         while True:  # Ray restarts the process (max_restarts) without its data; calls fail until it is back
             try:
                 ray.get(actor.load.remote(self.data))
-                break
-            except ray.exceptions.ActorUnavailableError:
+                ray.get(actor.restore.remote(self.ckpt if self.snapshots is None else self.snapshots[shard], log))
+                return
+            except LOST:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        log = [(t, by_shard[shard], b) for t, by_shard, b in self.replay if shard in by_shard]
-        ray.get(actor.restore.remote(self.ckpt if self.snapshots is None else self.snapshots[shard], log))
-        return ray.get(actor.train.remote(round, clients, bref, reduce))
+
+    def _settle(self, shard: int, ref: Any, again: Callable[[Any], Any]) -> Any:
+        """The result of `ref`, a call to shard's client actor. If that actor died or lost its state, whenever
+        Ray restarted it, it is revived and `again(actor)` calls it anew, until it answers or
+        RESTART_TIMEOUT_S passes (`again` returning None: reviving it was the call)."""
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while True:
+            try:
+                return ray.get(ref)
+            except LOST:
+                if time.monotonic() > deadline:
+                    raise
+                self.restarts += 1
+                self._revive(shard, deadline)
+                ref = again(self.actors[shard])
+                if ref is None:
+                    return None
 
     def _dispatch(self, round: int) -> Sent:
         """Plan `round` and send each client actor its shard's clients (under the virtual clock)."""
@@ -222,11 +259,10 @@ class RoundServer:
         if self.local is not None and 0 in sent.by_actor:
             results.append(self.local.train(rp.round, sent.by_actor[0], rp.plan.broadcast, rp.reduce))
         for shard, ref in sent.refs.items():
-            try:
-                results.append(ray.get(ref))
-            except ray.exceptions.RayActorError:
+            def again(actor: Any, shard: int = shard) -> Any:
                 self.faults.discard((rp.round, shard))
-                results.append(self._recover(shard, rp.round, sent.by_actor[shard], sent.bref, rp.reduce))
+                return actor.train.remote(rp.round, sent.by_actor[shard], sent.bref, rp.reduce)
+            results.append(self._settle(shard, ref, again))
         return results
 
     def _real(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> tuple[list[ShardResult], set[int]]:

@@ -23,14 +23,16 @@ def run(
     config: Optional[Path] = typer.Argument(None, help="experiment YAML file (not with --resume)"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key.sub=value overrides"),
     address: Optional[str] = typer.Option(None, help="Ray address (e.g. auto); default starts a local Ray"),
-    out: Optional[Path] = typer.Option(None, help="write results exactly here instead of runs/<name>-<time>"),
-    resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory from its last checkpoint"),
+    out: Optional[Path] = typer.Option(None, help="write results exactly here (a new or empty directory) instead of runs/<name>-<time>"),
+    overwrite: bool = typer.Option(False, help="with --out: replace the run already there (its files are removed first)"),
+    resume: Optional[Path] = typer.Option(None, help="continue the interrupted run in this directory from its last intact checkpoint"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress, only warnings and errors"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="debug messages too"),
     plugin: Optional[List[str]] = typer.Option(None, help="load this plugin first (module or .py file); repeatable"),
 ) -> None:
     """Run an experiment and write its results (or --resume an interrupted one). Progress goes to stderr: a bar
-    on a terminal, a line every 10 s otherwise; RAYSIM_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR) overrides the flags."""
+    on a terminal, a line every 10 s otherwise; RAYSIM_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR) overrides the flags.
+    SIGTERM or Ctrl-C stops after the round in flight with a checkpoint (a second one at once); exit 128+signal."""
     from raysim.errors import UserError
     from raysim.progress import configure_logging
     from raysim.runner import run as run_experiment
@@ -42,7 +44,10 @@ def run(
     _load(plugin)
     if config is not None:
         _require_command(config, "run", "sweep")
-    result = run_experiment(config, overrides or [], address=address, out=out, progress=not quiet, resume=resume)
+    if overwrite and out is None:
+        raise UserError("--overwrite replaces the run in --out DIR: give --out too")
+    result = run_experiment(config, overrides or [], address=address, out=out, progress=not quiet, resume=resume,
+                            overwrite=overwrite)
     last = result.rounds.iloc[-1]
     metrics = "  ".join(f"{k}={last[k]:.4f}" for k in ("test_accuracy", "test_loss", "train_loss") if k in last)
     steady = result.rounds["round_wall_s"].iloc[1:].mean() if len(result.rounds) > 1 else float("nan")
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import sys
 
-    from raysim.errors import DivergenceError, UserError
+    from raysim.errors import DivergenceError, RunInterrupted, UserError
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("RAYSIM_DEBUG", "") not in ("", "0")
@@ -226,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         errors.print(f"error: {e}", style="red", markup=False, highlight=False)
         return 2 if isinstance(e, UserError) else 1
+    except RunInterrupted as e:
+        errors.print(str(e), style="yellow", markup=False, highlight=False)
+        return 128 + e.signum
     return 0
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,9 +117,9 @@ class RoundEngine:
         every = self.cfg.checkpoint.every
         return every > 0 and (round % every == 0 or round == self.cfg.algorithm.rounds)
 
-    def save(self, folder: Path) -> None:
-        """Write the server's state and ledger into checkpoint `folder`."""
-        checkpoint.save(checkpoint.dumps((self.state, self.ledger)), folder / "server.pkl")
+    def save(self, folder: Path) -> dict[str, dict[str, Any]]:
+        """Write the server's state and ledger into checkpoint `folder`; returns the file's sums."""
+        return checkpoint.save(checkpoint.dumps((self.state, self.ledger)), folder / "server.pkl")
 
     def load(self, folder: Path) -> None:
         """Take the server's state and ledger from checkpoint `folder`."""

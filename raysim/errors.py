@@ -40,3 +40,18 @@ class RunDirError(UserError, FileNotFoundError):
 
 class DivergenceError(RuntimeError):
     """A metric became NaN or infinite; the rounds before it are saved (the CLI: one line, exit status 1)."""
+
+
+class RunInterrupted(Exception):
+    """SIGTERM or SIGINT stopped a run: its finished rounds are saved, with a checkpoint of the last one when it
+    stopped at a round's end, and `run.json` says `interrupted`; `--resume` continues it to the same numbers.
+    The CLI exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int, run_dir: object = None, rounds_done: int | None = None) -> None:
+        import signal
+
+        self.signum, self.run_dir, self.rounds_done = signum, run_dir, rounds_done
+        self.name = signal.Signals(signum).name
+        after = f" after round {rounds_done}" if rounds_done else " before its first round"
+        where = f": `raysim run --resume {run_dir}` continues it" if run_dir is not None else ""
+        super().__init__(f"interrupted by {self.name}{after}{where}")

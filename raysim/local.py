@@ -34,13 +34,11 @@ class LocalServer:
         return {"backend": "local", "actors": 0, "clients_per_actor": self.engine.fed.num_clients,
                 "torch_threads": 1, "actors_s": time.perf_counter() - t0}
 
-    def resume(self) -> None:
-        """Continue from the run's newest checkpoint, if any."""
-        assert self.run_dir is not None and self.shard is not None, "resume needs a run directory and start()"
-        found = checkpoint.latest(self.run_dir)
-        if found is not None:
-            self.engine.load(found[1])
-            self.shard.restore(found[1], [])
+    def resume(self, folder: str | Path) -> None:
+        """Continue from the checkpoint in `folder` (the runner's verified choice)."""
+        assert self.shard is not None, "start() first"
+        self.engine.load(Path(folder))
+        self.shard.restore(folder, [])
 
     def run_round(self, round: int) -> tuple[dict, list[dict]]:
         """One round: the engine's plan, the shard's steps, the engine's aggregation and rows."""
@@ -48,13 +46,16 @@ class LocalServer:
         rp = self.engine.plan(round)
         results = [self.shard.train(round, rp.client_list, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
         out = self.engine.aggregate(rp, results)
-        saved = False
-        if self.run_dir is not None and self.engine.checkpoint_due(round):
-            saved = True
-            folder = checkpoint.checkpoint_dir(self.run_dir, round)
-            self.engine.save(folder)
-            self.shard.save(folder)
+        saved = self.run_dir is not None and self.engine.checkpoint_due(round)
+        if saved:
+            self.checkpoint(round)
         return self.engine.rows(rp, out, saved=saved)
+
+    def checkpoint(self, round: int) -> None:
+        """Save the server's and every client's state after `round` (the round just run), then the manifest."""
+        assert self.run_dir is not None and self.shard is not None, "checkpoints need a run directory and start()"
+        folder = checkpoint.checkpoint_dir(self.run_dir, round)
+        checkpoint.write_manifest(folder, round, {**self.engine.save(folder), **self.shard.save(folder)})
 
     def state(self) -> Any:
         """The algorithm's server state (callbacks see a copy)."""

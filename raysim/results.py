@@ -98,7 +98,7 @@ class RunWriter:
     costs the same whatever the run's length. Writes come at most every `flush_every_s` seconds, and at
     every `flush` (the runner's, before it commits a checkpoint) and status change: rounds of a few
     milliseconds do not wait for two files each. `resume_round` keeps what an interrupted run saved up
-    to that round and drops the rest."""
+    to that round and drops the rest (rounds.parquet first, at once)."""
 
     def __init__(self, run_dir: Path, resume_round: int | None = None, flush_every_s: float = FLUSH_EVERY_S) -> None:
         self.run_dir = run_dir
@@ -112,8 +112,9 @@ class RunWriter:
         self.written_at = time.monotonic()
         if resume_round is not None:
             rounds = run_dir / "rounds.parquet"
-            if rounds.exists():
+            if rounds.exists():  # the rounds first: a crash in between leaves client rows the next resume drops
                 self.rounds = [r for r in pq.read_table(rounds).to_pylist() if r["round"] <= resume_round]
+                write_parquet(self.rounds, rounds)
             for part in self.clients_dir.glob("round-*.parquet"):
                 first, last = _part_rounds(part)
                 if first > resume_round:
@@ -137,11 +138,11 @@ class RunWriter:
         """Write every round added so far: rounds.parquet, and one clients part for the rounds since the last write."""
         if self.written == len(self.rounds):
             return
-        write_parquet(self.rounds, self.run_dir / "rounds.parquet")
-        if self.pending:
+        if self.pending:  # before rounds.parquet: a round there has its client rows on disk
             first, last = self.rounds[self.written]["round"], self.rounds[-1]["round"]
             name = f"round-{first:06d}" + (f"-{last:06d}" if last != first else "")
             write_parquet(self.pending, self.clients_dir / f"{name}.parquet")
+        write_parquet(self.rounds, self.run_dir / "rounds.parquet")
         self.pending, self.written, self.written_at = [], len(self.rounds), time.monotonic()
 
     def status(self, **info: Any) -> None:

@@ -16,8 +16,9 @@ from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, bu
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated, check_source
 from raysim.export import save_federated
-from raysim.errors import ConfigError, DivergenceError, RunDirError, UserError
+from raysim.errors import ConfigError, DivergenceError, RunDirError, RunInterrupted, UserError
 from raysim.experiment import Experiment
+from raysim.interrupt import StopSignals
 from raysim.local import LocalServer
 from raysim.progress import LOGGER, RunProgress
 from raysim.results import RunResult, RunWriter, new_run_dir
@@ -58,8 +59,11 @@ class RemoteServer:
     def start(self) -> dict:
         return ray.get(self.actor.start.remote())
 
-    def resume(self) -> None:
-        ray.get(self.actor.resume.remote())
+    def resume(self, folder: str) -> None:
+        ray.get(self.actor.resume.remote(folder))
+
+    def checkpoint(self, round: int) -> None:
+        ray.get(self.actor.checkpoint.remote(round))
 
     def run_round(self, round: int) -> tuple[dict, list[dict]]:
         return ray.get(self.actor.run_round.remote(round))
@@ -101,66 +105,108 @@ def _first_new_parent(path: Path) -> Path | None:
     return new
 
 
+RUN_FILES = ("config.yaml", "run.json", "rounds.parquet", "clients.parquet", "checkpoints")  # any one: a run directory
+
+
+def claim_out(run_dir: Path, overwrite: bool = False) -> Path | None:
+    """Make `--out` ready for a new run and return the outermost directory this made (None: it existed). A
+    directory holding a run is refused unless `overwrite` (then its contents go first); so is any other
+    non-empty directory, or a path that is a file or cannot be made: results are never mixed."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--out {run_dir}: exists and is not a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not any((run_dir / name).exists() for name in RUN_FILES):
+            raise RunDirError(f"--out {run_dir}: not empty and holds no raysim run; give a new or empty directory")
+        if not overwrite:
+            raise RunDirError(f"--out {run_dir} already holds a run: `--resume {run_dir}` continues it, "
+                              "`--overwrite` replaces it")
+        shutil.rmtree(run_dir)
+    created = _first_new_parent(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirError(f"--out {run_dir}: cannot create it ({e.strerror or type(e).__name__})") from None
+    return created
+
+
+def _resume_point(run_dir: Path) -> int:
+    """The round an interrupted run continues after: its newest intact checkpoint that its tables reach
+    (0: none was taken); a damaged table or no intact checkpoint is a RunDirError, with nothing changed."""
+    reached = checkpoint.tables_reach(run_dir) or 0
+    found = checkpoint.latest(run_dir, reached)
+    return found[0] if found else 0
+
+
 def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides: list[str] | dict[str, Any] | None = None,
         *, address: str | None = None, out: str | Path | None = None, progress: bool = False,
         on_round: Callable[[dict[str, Any]], bool | None] | None = None, resume: str | Path | None = None,
-        callbacks: list[Callback] | None = None, **kw_overrides: Any) -> RunResult:
+        callbacks: list[Callback] | None = None, overwrite: bool = False, **kw_overrides: Any) -> RunResult:
     """Run one experiment and return its results (`.rounds`, `.clients` DataFrames, `.run_dir`).
 
     `overrides` are `key.sub=value` strings or a {dotted key: value} mapping; keyword arguments
     with `__` for dots work too (`algorithm__lr=0.1`). `callbacks` (raysim.callbacks.Callback objects)
     run after the config's own `callbacks:`; `on_round(row)` is the simplest one, called after each
     round is saved (e.g. to report to Ray Tune). A callback returning False stops the run after that
-    round (status "stopped").
-    `resume=RUN_DIR` continues an interrupted run from its newest checkpoint with the config saved
+    round (status "stopped", its last round checkpointed).
+    `out` must be new or empty; `overwrite=True` replaces a run already there.
+    `resume=RUN_DIR` continues an interrupted run from its newest intact checkpoint with the config saved
     there (`config` is then ignored and may be None) and reaches the same numbers as an uninterrupted run.
+    SIGTERM or SIGINT stops the run after the round in flight, with a checkpoint, and raises RunInterrupted.
     """
     items = dict(overrides or {}) if not isinstance(overrides, list) else dict(map(parse_override, overrides))
     items.update({k.replace("__", "."): v for k, v in kw_overrides.items()})
-    if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").exists():
-            what = "does not exist" if not run_dir.exists() else "has no config.yaml"
-            raise RunDirError(f"--resume: {run_dir} {what}: not a raysim run directory")
-        cfg = load_config(run_dir / "config.yaml", items)
-        found = checkpoint.latest(run_dir)
-        done = found[0] if found else 0
-        created = None
-    else:
-        if config is None:
+    with StopSignals() as signals:
+        if resume is not None:
+            run_dir = Path(resume)
+            if not (run_dir / "config.yaml").exists():
+                what = "does not exist" if not run_dir.exists() else "has no config.yaml"
+                raise RunDirError(f"--resume: {run_dir} {what}: not a raysim run directory")
+            cfg = load_config(run_dir / "config.yaml", items)
+            done = _resume_point(run_dir)
+        elif config is None:
             raise ConfigError("no config given: pass a YAML path, a dict or an ExperimentConfig (None only with resume=)")
-        done = 0
-        cfg = load_config(config, items)
-        if out is not None:
+        else:
+            done, cfg = 0, load_config(config, items)
+        experiment = Experiment.of(cfg)
+        check_source(cfg.data)  # a missing file or column is reported before anything is made or Ray starts
+        if resume is not None:
+            created = None
+        elif out is not None:
             run_dir = Path(out)
-            created = _first_new_parent(run_dir)
+            created = claim_out(run_dir, overwrite)
         else:  # new_run_dir makes runs/<name>-<time>/ (and runs/ when it is new)
             created = _first_new_parent(RUNS_ROOT)
             run_dir = new_run_dir(cfg.name, RUNS_ROOT)
             created = created or run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        return _run(experiment, run_dir, created, done, resume is not None, address, progress,
+                    [*build_callbacks(cfg.callbacks), *(callbacks or []), *([RoundCallback(on_round)] if on_round else [])],
+                    signals)
+
+
+def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int, resumed: bool, address: str | None,
+         progress: bool, hooks: list[Callback], signals: StopSignals) -> RunResult:
+    """`run` once the input is checked and the run directory claimed: start, drive the rounds, stop cleanly."""
+    cfg = experiment.cfg
     write_text(dump_config(cfg), run_dir / "config.yaml")
-    writer = RunWriter(run_dir, resume_round=done if resume is not None else None)
+    writer = RunWriter(run_dir, resume_round=done if resumed else None)
     t_start = time.perf_counter()
     started_ray = False
     server = fleet = None
-    hooks = [*build_callbacks(cfg.callbacks), *(callbacks or []), *([RoundCallback(on_round)] if on_round else [])]
     ctx = RunContext(run_dir, cfg, done)
     started: list[Callback] = []
     status = "failed"
     try:
-        experiment = Experiment.of(cfg)
-        check_source(cfg.data)  # a missing file or column is reported before Ray starts
         where = address or cfg.cluster.address
         if cfg.backend == "ray":  # Ray, then the client actors, first: their processes boot while the data are built
             started_ray = ensure_ray(cfg, address)
+            signals.install()  # ray.init sets a SIGTERM handler of its own
             if server_in_driver(cfg, where):
                 from raysim.actors.server import launch
 
                 fleet = launch(experiment)
         t_ray = time.perf_counter()
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
-        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resume is not None else f"writing {run_dir}")
+        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resumed else f"writing {run_dir}")
         save_federated(fed, run_dir / "data")
         t_data = time.perf_counter()
         LOGGER.info("data: %d clients, %d training and %d test samples (%.1f s)", fed.num_clients, fed.num_train,
@@ -172,8 +218,8 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
         fleet = None  # the server owns the actors now
         layout = server.start()
         LOGGER.info("actors: %s (%.1f s)", _layout_line(layout), time.perf_counter() - t_data)
-        if resume is not None:
-            server.resume()
+        if done:
+            server.resume(str(checkpoint.checkpoint_dir(run_dir, done)))
         writer.status(data_s=t_data - t_ray, ray_s=t_ray - t_start,
                       startup_s=time.perf_counter() - t_start, resumed_from=done, **layout)
         for cb in hooks:
@@ -183,6 +229,7 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
         wall = writer.rounds[-1]["wall_s"] if writer.rounds else 0.0
         stopped_by: list[str] = []
         with RunProgress(cfg.name, cfg.algorithm.rounds, done, progress) as bar:
+            signals.at_round_end = True
             for t in range(done + 1, cfg.algorithm.rounds + 1):
                 t0 = time.perf_counter()
                 row, client_rows = server.run_round(t)
@@ -196,18 +243,30 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
                 votes = [cb.on_round_end(row, view) for cb in hooks]
                 stopped_by = [type(cb).__name__ for cb, v in zip(hooks, votes) if v is False]
                 bar.update(row)
-                if stopped_by:
+                if stopped_by or signals.received:
                     break
-        status = "stopped" if len(writer.rounds) < cfg.algorithm.rounds else "finished"
-        writer.status(status=status, rounds_done=len(writer.rounds), **({"stopped_by": stopped_by} if stopped_by else {}))
+        last = len(writer.rounds)
+        if last < cfg.algorithm.rounds and last and not writer.rounds[-1]["checkpoint"] and cfg.checkpoint.every > 0:
+            server.checkpoint(last)  # the last round trained is what export, trained_model and --resume start from
+            writer.flush()
+            checkpoint.commit(run_dir, last)
+        signals.at_round_end = False
+        if signals.received:
+            raise RunInterrupted(signals.received)
+        status = "stopped" if last < cfg.algorithm.rounds else "finished"
+        writer.status(status=status, rounds_done=last, **({"stopped_by": stopped_by} if stopped_by else {}))
         if stopped_by:
-            LOGGER.info("stopped after round %d by %s", len(writer.rounds), ", ".join(stopped_by))
+            LOGGER.info("stopped after round %d by %s", last, ", ".join(stopped_by))
     except BaseException as e:
-        if isinstance(e, UserError) and created is not None and not writer.rounds:
+        if isinstance(e, RunInterrupted):
+            status = "interrupted"
+            writer.status(status=status, rounds_done=len(writer.rounds), signal=e.name)
+            e = RunInterrupted(e.signum, run_dir, len(writer.rounds))
+        elif isinstance(e, UserError) and created is not None and not writer.rounds:
             shutil.rmtree(created, ignore_errors=True)  # a mistake in the input and nothing ran: leave no directory
         else:
             writer.status(status="failed", rounds_done=len(writer.rounds), error=f"{type(e).__name__}: {e}")
-        raise
+        raise e
     finally:
         for cb in started:
             cb.on_run_end(ctx, status)

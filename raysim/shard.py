@@ -90,9 +90,9 @@ class ClientShard:
             plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up"))
             self.algo.step(self.states[c], self.data[c], plan.broadcast, stream(self.cfg.seed, 0, c, "warm_up"))
 
-    def save(self, ckpt: str | Path) -> None:
-        """Write this shard's client states into the checkpoint folder `ckpt`."""
-        checkpoint.save(checkpoint.dumps(self.states), checkpoint.shard_path(Path(ckpt), self.shard))
+    def save(self, ckpt: str | Path) -> dict[str, dict[str, Any]]:
+        """Write this shard's client states into the checkpoint folder `ckpt`; returns the file's sums."""
+        return checkpoint.save(checkpoint.dumps(self.states), checkpoint.shard_path(Path(ckpt), self.shard))
 
     def snapshot(self) -> bytes:
         """This shard's client states, pickled: the in-memory checkpoint that keeps a restart's replay short."""

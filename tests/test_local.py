@@ -50,10 +50,10 @@ def test_local_and_every_packing_on_ray_give_the_same_bits(ray_cluster, tmp_path
 def test_local_resumes_from_its_checkpoint_to_the_same_numbers(tmp_path):
     whole = raysim.run(FEDAVG, out=tmp_path / "whole", backend="local", checkpoint__every=2)
     part = raysim.run(FEDAVG, out=tmp_path / "part", backend="local", checkpoint__every=2,
-                      on_round=lambda row: row["round"] < 3)  # stops after round 3; round 2's checkpoint stays
-    assert len(part.rounds) == 3
+                      on_round=lambda row: row["round"] < 3)  # stops after round 3, and checkpoints it
+    assert len(part.rounds) == 3 and part.info["status"] == "stopped"
     resumed = raysim.run(None, resume=tmp_path / "part")
-    assert resumed.info["resumed_from"] == 2
+    assert resumed.info["resumed_from"] == 3
     assert_same_numbers(whole, resumed)
 
 

@@ -44,7 +44,7 @@ class Callback:
         return None
 
     def on_run_end(self, run: RunContext, status: str) -> None:
-        """Called once at the end: status `finished`, `stopped` or `failed`."""
+        """Called once at the end: status `finished`, `stopped`, `interrupted` (SIGTERM, SIGINT) or `failed`."""
 
 
 class RoundCallback(Callback):

@@ -71,7 +71,7 @@ class Wandb(Callback):
 
     def on_run_end(self, run: RunContext, status: str) -> None:
         if self.run is not None:
-            self.run.finish(exit_code=1 if status == "failed" else 0)
+            self.run.finish(exit_code=0 if status in ("finished", "stopped") else 1)
 
 
 class Mlflow(Callback):
@@ -111,5 +111,5 @@ class Mlflow(Callback):
 
     def on_run_end(self, run: RunContext, status: str) -> None:
         if self.run_id is not None:
-            self.client.set_terminated(self.run_id, "FAILED" if status == "failed" else "FINISHED")
+            self.client.set_terminated(self.run_id, {"failed": "FAILED", "interrupted": "KILLED"}.get(status, "FINISHED"))
 

@@ -95,7 +95,8 @@ def test_the_server_in_the_driver_or_in_an_actor_gives_the_same_tables(ray_clust
 
 def test_the_driver_hosts_shard_0_checkpoints_it_and_resumes_it_to_the_same_numbers(ray_cluster, tmp_path):
     """By default the driver trains shard 0 itself (one client actor for two shards); the tables equal those
-    of two client actors, and a run stopped after round 3 resumes from round 2's checkpoint, client states included."""
+    of two client actors, and a run stopped after round 3 (round 4 already sent to the actor) checkpoints round 3,
+    the actor's client states brought back from round 2's checkpoint, and resumes from it to the same numbers."""
     cfg = {**STATEFUL, "system": {**STATEFUL["system"], "stragglers": {"deadline": 8.0}}}
     here = raysim.run(cfg, out=tmp_path / "here")
     remote = raysim.run(cfg, out=tmp_path / "remote", cluster__driver_shard=False)
@@ -105,7 +106,7 @@ def test_the_driver_hosts_shard_0_checkpoints_it_and_resumes_it_to_the_same_numb
             == {"driver_shard": False, "shards": 2, "actors": 2})
     part = raysim.run(cfg, out=tmp_path / "part", on_round=lambda row: row["round"] < 3)
     resumed = raysim.run(None, resume=tmp_path / "part")
-    assert resumed.info["resumed_from"] == 2 and resumed.info["driver_shard"]
+    assert resumed.info["resumed_from"] == 3 and resumed.info["driver_shard"]
     assert here.rounds["dropped"].sum() > 0
     for other in (remote, resumed):
         for table in ("rounds", "clients"):
