@@ -155,3 +155,63 @@ def test_client_actors_launched_before_the_data_are_stopped_when_the_data_fail(r
     while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == cpus
+
+
+def _files(run_dir):
+    """{relative path: bytes} of every file under `run_dir`."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_out_on_a_run_is_refused_and_overwrite_replaces_it_whole(tmp_path):
+    """A second run into the same --out is refused with the run untouched; `overwrite=True` removes the old run
+    first, so the directory holds exactly what a run into a new directory holds (no old client parts or checkpoints)."""
+    from raysim.errors import RunDirError
+
+    first = run_local(tmp_path, "same", algorithm__rounds=6, checkpoint__every=2)
+    before = _files(first.run_dir)
+    with pytest.raises(RunDirError, match=r"already holds a run: `--resume .*same` continues it, `--overwrite` replaces it"):
+        run_local(tmp_path, "same", seed=8)
+    assert _files(first.run_dir) == before
+    replaced = run_local(tmp_path, "same", seed=8, overwrite=True)
+    fresh = run_local(tmp_path, "fresh", seed=8)
+    pd.testing.assert_frame_equal(reproducible(replaced.rounds), reproducible(fresh.rounds))
+    pd.testing.assert_frame_equal(reproducible(replaced.clients), reproducible(fresh.clients))
+    assert sorted(p.name for p in (replaced.run_dir / "checkpoints").glob("round-*")) == ["round-000004"]
+    assert sorted(_files(replaced.run_dir)) == sorted(_files(fresh.run_dir))
+
+
+def test_a_stopped_run_checkpoints_its_last_round(ray_cluster, tmp_path):
+    """A callback stops the run after round 5 (checkpoint.every 4): round 5 is checkpointed, so the exported model is
+    round 5's, and a resume continues after it to the numbers of a run never stopped (the local backend's: the
+    same bits). On Ray round 6 was already sent to the client actors: theirs are brought back to round 5 before
+    they save (SCAFFOLD's client control variates show it)."""
+    from raysim.export import trained_model
+
+    cfg = {**SMALL, "algorithm": {**SMALL["algorithm"], "name": "scaffold", "rounds": 8}, "checkpoint": {"every": 4},
+           "cluster": {"num_actors": 2, "driver_shard": False}}
+    whole = raysim.run(cfg, out=tmp_path / "whole", backend="local")
+    part = raysim.run(cfg, out=tmp_path / "part", on_round=lambda row: row["round"] < 5)
+    assert part.info["status"] == "stopped" and len(part.rounds) == 5
+    assert trained_model(part.run_dir).round == 5
+    resumed = raysim.run(None, resume=part.run_dir)
+    assert resumed.info["resumed_from"] == 5
+    pd.testing.assert_frame_equal(reproducible(whole.rounds), reproducible(resumed.rounds))
+    pd.testing.assert_frame_equal(reproducible(whole.clients), reproducible(resumed.clients))
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_numbers(tmp_path, caplog):
+    """The newest checkpoint's shard file truncated: one warning names it, the previous intact checkpoint is used,
+    the tables are cut back to its round, and the run finishes with the numbers of a run never interrupted."""
+    import logging
+
+    whole = run_local(tmp_path, "whole", algorithm__rounds=9, checkpoint__every=3)
+    part = run_local(tmp_path, "part", algorithm__rounds=9, checkpoint__every=3, on_round=lambda row: row["round"] < 7)
+    shard = part.run_dir / "checkpoints" / "round-000007" / "shard-0000.pkl"
+    shard.write_bytes(shard.read_bytes()[:10])
+    with caplog.at_level(logging.WARNING, "raysim"):
+        resumed = raysim.run(None, resume=part.run_dir)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "damaged checkpoint (round 7: shard-0000.pkl has 10 bytes" in warning and "resuming from round 6" in warning
+    assert resumed.info["resumed_from"] == 6
+    pd.testing.assert_frame_equal(reproducible(whole.rounds), reproducible(resumed.rounds))
+    pd.testing.assert_frame_equal(reproducible(whole.clients), reproducible(resumed.clients))
