@@ -2,6 +2,7 @@
 directory left behind; the traceback only with --debug. Cases run the CLI's `main` in this process
 (fast); one case runs the installed entry point in a subprocess."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,46 @@ def test_a_mistake_without_out_leaves_no_run_directory(tmp_path, monkeypatch, ca
     (tmp_path / "runs").mkdir()
     assert main(["run", QUICK, "data.num_clients=5000"]) == 2
     assert list((tmp_path / "runs").iterdir()) == [] and "data.num_clients" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A short finished run on the local backend (checkpoints after rounds 2 and 4), to copy and damage."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["run", QUICK, "backend=local", "algorithm.rounds=4", "checkpoint.every=2", "--out", str(out), "-q"]) == 0
+    return out
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:7])
+
+
+RUN_DIR_CASES = [  # (case, what to do to a copy of the finished run, arguments with {run}, what the line must name)
+    ("--out on a run", None, ["run", QUICK, "--out", "{run}"], "already holds a run: `--resume {run}` continues it"),
+    ("--out naming a file", None, ["run", QUICK, "--out", "{run}/config.yaml"], "config.yaml: exists and is not a directory"),
+    ("--out under a file", None, ["run", QUICK, "--out", "{run}/config.yaml/sub"], "config.yaml/sub: cannot create it"),
+    ("--out on a non-empty directory that is no run", None, ["run", QUICK, "--out", "{run}/data"], "not empty and holds no raysim run"),
+    ("--overwrite without --out", None, ["run", QUICK, "--overwrite"], "--overwrite replaces the run in --out DIR"),
+    ("--resume with a truncated rounds.parquet", lambda run: _truncate(run / "rounds.parquet"),
+     ["run", "--resume", "{run}"], "rounds.parquet is damaged (ArrowInvalid"),
+    ("--resume with every checkpoint damaged", lambda run: [_truncate(p) for p in run.glob("checkpoints/round-*/server.pkl")],
+     ["run", "--resume", "{run}"], "no intact checkpoint (round 4: server.pkl has 7 bytes"),
+]
+
+
+@pytest.mark.parametrize("damage,args,named", [c[1:] for c in RUN_DIR_CASES], ids=[c[0] for c in RUN_DIR_CASES])
+def test_a_mistake_about_a_run_directory_is_one_line_and_changes_nothing(finished_run, tmp_path, capsys, damage, args, named):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    if damage is not None:
+        damage(run)
+    before = _snapshot(tmp_path)
+    status = main([a.replace("{run}", str(run)) for a in args])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert len(err.strip().splitlines()) == 1 and named.replace("{run}", str(run)) in err, err
+    assert _snapshot(tmp_path) == before
