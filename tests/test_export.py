@@ -4,19 +4,23 @@ with --best, and arrays for a family without a torch model: all of them (a kerne
 values under dotted names), or a one-line refusal."""
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import raysim
-from raysim.algorithms.kernel.algorithm import KernelFedAvg
+from raysim.algorithms.kernel.algorithm import KernelFedAvg, split_targets
+from raysim.algorithms.kernel.kernels import make_kernel
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.data import read_table_arrays
 from raysim.errors import ExportError
 from raysim.export import model_arrays
 from raysim.models import build_model
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 RUN = {
     "name": "export",
@@ -92,6 +96,29 @@ def test_a_family_without_a_torch_model_exports_its_arrays(kernel_run):
     arrays = np.load(run.run_dir / "model.npz")
     theta = raysim.trained_model(run.run_dir)["theta"]
     assert np.array_equal(arrays["theta"], theta) and theta.shape == (5,) and np.abs(theta).sum() > 0
+    assert str(arrays["kernel.type"]) == "linear"
+
+
+def test_a_representer_kernel_model_exports_whole_and_scores_the_runs_last_test_metrics(tmp_path):
+    """configs/kernel/kernel_general.yaml (representer form, Sobolev kernel): the .npz, loaded without pickle,
+    rebuilds the kernel and f = sum_p alpha_p k(., x_p), which scores the test MSE and error the run recorded."""
+    run = raysim.run(CONFIGS / "kernel" / "kernel_general.yaml", {"algorithm.rounds": 4, "checkpoint.every": 2},
+                     out=tmp_path / "run", backend="local")
+    assert main(["export", str(run.run_dir)]) == 0
+    with np.load(run.run_dir / "model.npz") as npz:
+        arrays = dict(npz)
+    supports, alpha = arrays["representer.supports"], arrays["representer.alpha"]
+    assert list(arrays["representer.ids"]) == list(range(10)) and arrays["representer.sizes"].sum() == len(alpha)
+    assert supports.shape == (len(alpha), 1) and np.abs(alpha).sum() > 0
+    hyper = {k.removeprefix("kernel."): v.item() for k, v in arrays.items() if k.startswith("kernel.") and k != "kernel.type"}
+    kernel = make_kernel(str(arrays["kernel.type"]), **hyper)
+    x, y = read_table_arrays(run.run_dir / "data" / "test.parquet")
+    response, truth = split_targets(y)
+    pred = kernel.gram(x, supports) @ alpha
+    last = run.rounds.iloc[-1]
+    assert last["round"] == 4  # the round of the newest checkpoint, the one exported
+    assert np.mean((pred - response) ** 2) == pytest.approx(last["test_mse"], rel=1e-12, abs=0)
+    assert np.mean((pred - truth) ** 2) == pytest.approx(last["test_error"], rel=1e-12, abs=0)
 
 
 @dataclass
