@@ -159,10 +159,10 @@ class Algorithm:
 
     def export(self, state: Any) -> Any:
         """The trained model of a ServerState, for `raysim export`: an `nn.Module` (torch families) or a
-        {name: array} mapping (saved as .npz). By default the state's array fields, if it is a dataclass."""
-        if dataclasses.is_dataclass(state):
-            arrays = {f.name: np.asarray(getattr(state, f.name)) for f in dataclasses.fields(state)}
-            arrays = {k: v for k, v in arrays.items() if v.dtype != object}
-            if arrays:
-                return arrays
+        {name: array} mapping (saved as .npz; nested mappings and dataclasses are flattened to dotted names, and
+        a value that is no array is refused, see `raysim.export.model_arrays`). By default the state's fields,
+        all of them, if it is a dataclass: none is dropped, so a field the .npz cannot hold is refused rather than
+        left out of the file."""
+        if dataclasses.is_dataclass(state) and not isinstance(state, type) and dataclasses.fields(state):
+            return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
         raise NotImplementedError(f"{type(self).__name__} defines no export of its server state")

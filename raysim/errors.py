@@ -38,6 +38,10 @@ class RunDirError(UserError, FileNotFoundError):
     """A directory given as a run (`--resume`, `raysim report`) that is not one."""
 
 
+class ExportError(UserError, ValueError):
+    """A run whose trained model cannot be written as arrays (`raysim export`); names the run and the value."""
+
+
 class DivergenceError(RuntimeError):
     """A metric became NaN or infinite; the rounds before it are saved (the CLI: one line, exit status 1)."""
 

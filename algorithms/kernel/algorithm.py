@@ -30,6 +30,7 @@ federation gain FG_j of §4.3 per round (data-scarce clients included, through t
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.algorithms.kernel.federation_gain import empirical_gain, local_estimator
-from raysim.algorithms.kernel.kernels import GPyTorch, as_points, make_kernel
+from raysim.algorithms.kernel.kernels import KERNELS, GPyTorch, as_points, make_kernel
 from raysim.plugins import register_algorithm
 
 Method = Literal["fedavg", "fedprox"]
@@ -557,6 +558,25 @@ class KernelFedAvg(Algorithm):
         support = None if data.client_id in model.supports else cs.x
         reply = KernelReply(data.client_id, n, beta, float(r @ r) / (2 * n), None, support, self._sse(u, cs.truth))
         return reply, cs, self._cost(n, beta, 0 if support is None else support.nbytes)
+
+    # -- export
+    def export(self, state: FeatureState | RepresenterState) -> dict[str, Any]:
+        """f_t whole, so that it can be evaluated again (`raysim export` writes it as a .npz with dotted names):
+        `kernel.type` (a KERNELS name) and `kernel.<hyperparameter>`, so `make_kernel` rebuilds the kernel; the
+        feature form's `theta` (f = features(x) @ theta), or the representer form's supports stacked in client-id
+        order, `representer.supports` (N, p), and their coefficients `representer.alpha` (N,) (f = gram(x,
+        supports) @ alpha), with `representer.ids` and `representer.sizes` marking each client's block; and the
+        state's diagnostics of the last replies. Not the FG references: client j's training rows, evaluation
+        data rather than the model."""
+        kind = next(name for name, cls in KERNELS.items() if type(self.kernel) is cls)
+        out: dict[str, Any] = {"kernel": {"type": kind, **dataclasses.asdict(self.kernel)}}
+        if isinstance(state, FeatureState):
+            return {**out, "theta": state.theta, "loss": state.loss, "grad": state.grad, "pred_error": state.pred_error}
+        model = state.model
+        supports, alpha = model.stacked()
+        sizes = np.array([len(model.alpha[c]) for c in model.ids], dtype=np.int64)
+        representer = {"supports": supports, "alpha": alpha, "ids": np.array(model.ids, dtype=np.int64), "sizes": sizes}
+        return {**out, "representer": representer, "loss": state.loss, "pred_error": state.pred_error}
 
     # -- evaluation
     def predict(self, state, x) -> np.ndarray:
