@@ -75,6 +75,55 @@ def test_a_killed_client_actor_is_restarted_and_the_run_is_unchanged(ray_cluster
     pd.testing.assert_frame_equal(reproducible(clean.clients), reproducible(faulty.clients))
 
 
+def _kill_and_await_restarts(both: bool):
+    """kill -9 a client actor (or both, 50 ms apart) and wait until Ray has restarted them, empty."""
+    from chaos import client_actors  # here: the algorithm that calls this travels by value to actors without tests/
+
+    me = psutil.Process()
+    victims = client_actors(me)[: 2 if both else 1]
+    for i, actor in enumerate(victims):
+        time.sleep(0.05 * i)
+        actor.kill()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if len({p.pid for p in client_actors(me)} - {v.pid for v in victims}) == 2:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed client actors were not restarted")
+
+
+class KilledWhileAggregating(FedAvgStateful):
+    """FedAvgStateful whose server, while it aggregates round `at` (no call to the client actors in flight), kills
+    client actors and waits until Ray has restarted them: the server's next call (round `at` + 1's step, or the
+    save of round `at`'s checkpoint) reaches a new process that never got its data."""
+
+    at, both = 0, False
+
+    def aggregate(self, state, replies, rng):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == self.at:
+            _kill_and_await_restarts(self.both)
+        return super().aggregate(state, replies, rng)
+
+
+register_algorithm("killed_at_3")(type("KilledAt3", (KilledWhileAggregating,), {"at": 3}))
+register_algorithm("killed_at_4_both")(type("KilledAt4Both", (KilledWhileAggregating,), {"at": 4, "both": True}))
+
+
+@pytest.mark.parametrize("algorithm", ["killed_at_3", "killed_at_4_both"])
+def test_a_client_actor_restarted_before_the_next_call_is_reloaded_and_replayed(ray_cluster, tmp_path, algorithm):
+    """Client actors restarted, empty, before the server's next call reaches them (one before round 4's step;
+    both, 50 ms apart, before round 4's checkpoint is saved): the call finds them without state (StateLost), the
+    server reloads them, restores the last checkpoint, replays the rounds since and calls again; the run's
+    tables are those of a run without the fault."""
+    cfg = {**STATEFUL, "cluster": {"num_actors": 2, "driver_shard": False}}
+    clean = raysim.run(cfg, out=tmp_path / "clean", backend="local")
+    faulty = raysim.run(cfg, {"algorithm.name": algorithm}, out=tmp_path / "faulty")
+    assert faulty.rounds["actor_restarts"].iloc[-1] == (2 if algorithm.endswith("both") else 1)
+    pd.testing.assert_frame_equal(reproducible(clean.rounds), reproducible(faulty.rounds))
+    pd.testing.assert_frame_equal(reproducible(clean.clients), reproducible(faulty.clients))
+
+
 def test_faults_are_validated_up_front(ray_cluster, tmp_path):
     with pytest.raises(ValueError, match="faults.0.round: 9 is after the last round"):
         load_config({**STATEFUL, "faults": [{"round": 9, "actor": 0}]})
