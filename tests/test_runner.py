@@ -215,3 +215,40 @@ def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_numbers(tmp_pat
     assert resumed.info["resumed_from"] == 6
     pd.testing.assert_frame_equal(reproducible(whole.rounds), reproducible(resumed.rounds))
     pd.testing.assert_frame_equal(reproducible(whole.clients), reproducible(resumed.clients))
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_after_the_round_with_a_checkpoint_and_resume_continues_bitwise(tmp_path, sig):
+    """SIGINT (Ctrl-C) or SIGTERM (a batch scheduler) to `raysim run`: the round in flight finishes, the tables and
+    a checkpoint of it are written, run.json says `interrupted`, one line says how to resume, and the exit status
+    is 128 + the signal; `--resume` then finishes the run with the numbers of a run never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = {**SMALL, "algorithm": {**SMALL["algorithm"], "rounds": 400}, "backend": "local"}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", str(tmp_path / "cfg.yaml"), "--out",
+                             str(run_dir), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "rounds.parquet").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    number = getattr(signal, sig).value
+    assert proc.returncode == 128 + number, err
+    info = json.loads((run_dir / "run.json").read_text())
+    done = info["rounds_done"]
+    assert info["status"] == "interrupted" and info["signal"] == sig and 1 <= done < 400
+    assert err.strip().splitlines()[-1] == f"interrupted by {sig} after round {done}: `raysim run --resume {run_dir}` continues it"
+    assert "Traceback" not in err
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["round"] == done
+    resumed = raysim.run(None, resume=run_dir)
+    assert resumed.info["resumed_from"] == done and resumed.info["status"] == "finished"
+    clean = raysim.run(cfg, out=tmp_path / "clean")
+    pd.testing.assert_frame_equal(reproducible(clean.rounds), reproducible(resumed.rounds))
+    pd.testing.assert_frame_equal(reproducible(clean.clients), reproducible(resumed.clients))
