@@ -20,11 +20,12 @@ from raysim.plugins import MODELS
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def register_model(name: str):
-    """Register a model builder `f(cfg, feature_shape, image_shape, num_classes) -> nn.Module`."""
+def register_model(name: str, replace: bool = False):
+    """Register a model builder `f(cfg, feature_shape, image_shape, num_classes) -> nn.Module`; `replace` to take
+    the name of another module's model."""
 
     def wrap(fn):
-        MODELS[name] = fn
+        MODELS.add(name, fn, replace)
         return fn
 
     return wrap

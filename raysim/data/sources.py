@@ -108,24 +108,25 @@ SourceCheck = Callable[["DataConfig"], object]
 
 
 def register_source(name: str, natural: bool = False, options: type | None = None,
-                    check: SourceCheck | None = None) -> Callable[[SourceLoader], SourceLoader]:
+                    check: SourceCheck | None = None, replace: bool = False) -> Callable[[SourceLoader], SourceLoader]:
     """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`; `natural` when the
     source assigns its samples to clients itself (`partition.kind: natural`); `options`, a pydantic
     model of the source's own parameters (`data.options:`, read with `cfg.source_options()`); `check(cfg)`,
-    what the source can find wrong cheaply (a missing file or column), raising DataError before Ray starts."""
+    what the source can find wrong cheaply (a missing file or column), raising DataError before Ray starts;
+    `replace`, to take the name of another module's source (a built-in's), which is refused otherwise."""
 
     def wrap(fn: SourceLoader) -> SourceLoader:
         fn.natural = natural  # type: ignore[attr-defined]
         fn.options = options  # type: ignore[attr-defined]
         fn.check = check  # type: ignore[attr-defined]
-        SOURCES[name] = fn
+        SOURCES.add(name, fn, replace)
         return fn
 
     return wrap
 
 
-def register_block_source(name: str, options: type | None = None,
-                          check: SourceCheck | None = None) -> Callable[[BlockLoader], BlockLoader]:
+def register_block_source(name: str, options: type | None = None, check: SourceCheck | None = None,
+                          replace: bool = False) -> Callable[[BlockLoader], BlockLoader]:
     """Decorator: make `f(cfg, seed) -> ClientBlocks`, a natural source made a block of clients at a time,
     available as `data.source: name`; a build under the natural partition then never pools its samples."""
 
@@ -135,7 +136,8 @@ def register_block_source(name: str, options: type | None = None,
 
         pooled.__doc__ = fn.__doc__
         pooled.blocks = fn  # type: ignore[attr-defined]
-        register_source(name, natural=True, options=options, check=check)(pooled)
+        pooled.__wrapped__ = fn  # type: ignore[attr-defined]  # whose source it is (plugins._code)
+        register_source(name, natural=True, options=options, check=check, replace=replace)(pooled)
         return fn
 
     return wrap
