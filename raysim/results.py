@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FLUSH_EVERY_S = 1.0  # a run's tables reach the disk at least this often, and at every checkpoint and status change
+T = TypeVar("T")
 HOST_COLUMNS = ("wall_s", "round_wall_s", "client_cpu_s", "cpu_s", "actor_restarts")  # measured on this host: vary run to run
 
 
@@ -50,6 +51,15 @@ def _read_parts(parts: list[Path]) -> pd.DataFrame:
     return ds.dataset(parts, schema=schema, format="parquet").to_table().to_pandas()
 
 
+def _readable(path: Path, read: Callable[[], T]) -> T:
+    """`read()` of a run's file; a RunDirError naming `path` when it is damaged (truncated, not Parquet, JSON or YAML)."""
+    try:
+        return read()
+    except (OSError, ValueError, pa.ArrowException, yaml.YAMLError) as e:
+        problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunDirError(f"{path}: damaged, cannot be read ({problem})") from e
+
+
 @dataclass
 class RunResult:
     """A finished (or stopped) run: its directory and its tables as pandas DataFrames."""
@@ -61,7 +71,8 @@ class RunResult:
 
     @property
     def config(self) -> dict[str, Any]:
-        return yaml.safe_load((self.run_dir / "config.yaml").read_text())
+        path = self.run_dir / "config.yaml"
+        return _readable(path, lambda: yaml.safe_load(path.read_text()))
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunResult":
@@ -69,14 +80,15 @@ class RunResult:
         import pandas as pd  # not at module level: actor processes import this module and never need pandas
 
         run_dir = Path(run_dir)
-        if not (run_dir / "rounds.parquet").exists():
+        rounds_path = run_dir / "rounds.parquet"
+        if not rounds_path.exists():
             raise RunDirError(f"{run_dir} has no rounds.parquet: not a raysim run directory")
         info_path = run_dir / "run.json"
-        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        info = _readable(info_path, lambda: json.loads(info_path.read_text())) if info_path.exists() else {}
         clients_path = run_dir / "clients.parquet"
         parts = sorted(clients_path.glob("round-*.parquet")) if clients_path.is_dir() else []
-        clients = _read_parts(parts) if parts else pd.DataFrame()
-        return cls(run_dir, pd.read_parquet(run_dir / "rounds.parquet"), clients, info)
+        clients = _readable(clients_path, lambda: _read_parts(parts)) if parts else pd.DataFrame()
+        return cls(run_dir, _readable(rounds_path, lambda: pd.read_parquet(rounds_path)), clients, info)
 
     def model(self, best: bool = False) -> Any:
         """The trained model (an nn.Module for torch families, else {name: array}) after the newest checkpoint, or
