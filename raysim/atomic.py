@@ -1,15 +1,20 @@
 """Files written atomically: through a temporary file beside the target, renamed over it, so a crash never
-leaves a half-written table, checkpoint or config."""
+leaves a half-written table, checkpoint or config; and read back, a damaged one named in one line."""
 from __future__ import annotations
 
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
+
+from raysim.errors import RunDirError
+
+T = TypeVar("T")
 
 
 def atomic_write_bytes(path: Path, write: Callable[[str], object]) -> None:
@@ -35,3 +40,12 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
 
 def write_text(text: str, path: Path) -> None:
     atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def read_or_refuse(path: Path, read: Callable[[], T]) -> T:
+    """`read()` of a run's file; a RunDirError naming `path` when it is damaged (truncated, not Parquet, JSON or YAML)."""
+    try:
+        return read()
+    except (OSError, ValueError, pa.ArrowException, yaml.YAMLError) as e:
+        problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunDirError(f"{path}: damaged, cannot be read ({problem})") from e

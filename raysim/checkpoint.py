@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raysim.atomic import atomic_write_bytes, write_text
+from raysim.atomic import atomic_write_bytes, read_or_refuse, write_text
 from raysim.errors import RunDirError
 
 KEEP = 2  # complete checkpoints kept on disk
@@ -117,10 +117,7 @@ def tables_reach(run_dir: str | Path) -> int | None:
     path = Path(run_dir) / "rounds.parquet"
     if not path.exists():
         return None
-    try:
-        rounds = pq.read_table(path, columns=["round"]).column("round").to_pylist()
-    except Exception as e:  # pyarrow's ArrowInvalid and OSError: a truncated or foreign file
-        raise RunDirError(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    rounds = read_or_refuse(path, lambda: pq.read_table(path, columns=["round"]).column("round").to_pylist())
     return max(rounds, default=0)
 
 

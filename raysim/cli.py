@@ -193,6 +193,8 @@ def add_plugin_commands(argv: list[str] | None = None) -> typer.Typer:
     from raysim import plugins
 
     plugins.load_builtin()
+    for module in list(plugins.COMMAND_MODULES):  # the built-ins' commands first: a plugin's of the same name is refused
+        importlib.import_module(module)
     _load(_argv_plugins(argv or []))
     for module in list(plugins.COMMAND_MODULES):
         importlib.import_module(module)

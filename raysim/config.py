@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raysim.callbacks.config import CallbackConfig
 from raysim.data.config import DataConfig
 from raysim.errors import ConfigError, PluginError
-from raysim.field_errors import field_errors
+from raysim.field_errors import coercion_problems, field_errors
 from raysim.models import ModelConfig
 from raysim.plugins import ALGORITHMS, load_plugin
 from raysim.sweep_config import SweepConfig
@@ -195,7 +196,24 @@ def apply_overrides(tree: dict, overrides: list[str] | dict[str, Any]) -> dict:
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's numbers: `1e-6` and `1.5e3` are floats, not the strings YAML 1.1
-    makes of them (a typed field would coerce them, but a sweep's `grid: [1e-6]` would search strings)."""
+    makes of them (a typed field would coerce them, but a sweep's `grid: [1e-6]` would search strings); and a
+    key repeated in one mapping is an error, where PyYAML keeps the last (a second `algorithm:` replaced the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """The mapping, refused when a key appears twice in it (a `<<:` merge may still be overridden)."""
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if isinstance(key, Hashable) and key in first:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}, first at line {first[key].start_mark.line + 1}; again",
+                        key_node.start_mark)
+                if isinstance(key, Hashable):
+                    first[key] = key_node
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
@@ -203,8 +221,21 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9
 
 
 def read_yaml(text: str) -> Any:
-    """YAML text as Python values, exponents as floats (see _Loader)."""
+    """YAML text as Python values, exponents as floats and repeated keys refused (see _Loader)."""
     return yaml.load(text, Loader=_Loader)
+
+
+def read_config_file(path: str | Path) -> Any:
+    """A config file's YAML as Python values; a ConfigError naming the file when it is missing, not UTF-8 or not YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist" if not path.exists()
+                          else f"config file {str(path)!r} is not a file")
+    try:
+        return read_yaml(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        what = _yaml_problem(e) if isinstance(e, yaml.YAMLError) else f"not UTF-8 text ({e.reason} at byte {e.start})"
+        raise ConfigError(f"not valid YAML: {what}", str(path)) from None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -234,14 +265,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
         tree = copy.deepcopy(source)
     else:
         path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist" if not path.exists()
-                              else f"config file {str(path)!r} is not a file")
-        try:
-            tree = read_yaml(path.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            what = _yaml_problem(e) if isinstance(e, yaml.YAMLError) else "not UTF-8 text"
-            raise ConfigError(f"not valid YAML: {what}", str(path)) from None
+        tree = read_config_file(path)
         if tree is None:
             raise ConfigError("the file is empty; an experiment needs at least data: (source, num_clients)", str(path))
         if not isinstance(tree, dict):
@@ -257,18 +281,28 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
         problems = field_errors(e)
         problems += [p for p in _algorithm_problems(tree.get("algorithm")) if p not in problems]
         raise ConfigError(problems, where) from None
-    problems = _check(cfg)
+    problems = _coerced(tree, cfg) + _check(cfg)
     if problems:
         raise ConfigError(problems, where)
     return cfg
 
 
+def _coerced(tree: dict, cfg: ExperimentConfig) -> list[str]:
+    """The values of `tree` that validated only by pydantic's lax coercion (see `coercion_problems`): in every
+    section, and in the algorithm's and the data source's own parameters, which their plugins' models check."""
+    problems = coercion_problems(tree, cfg)
+    data = tree.get("data")
+    problems += coercion_problems(data.get("options") if isinstance(data, dict) else None, cfg.data.source_options(),
+                                  "data.options")
+    if not _algorithm_problems(tree.get("algorithm")):  # else _check reports them
+        problems += coercion_problems(tree.get("algorithm"), cfg.algorithm_params(), "algorithm")
+    return list(dict.fromkeys(problems))
+
+
 def declared_command(path: str | Path) -> str | None:
-    """The `command:` a YAML file declares (None when it declares none or cannot be read as a mapping)."""
-    try:
-        tree = read_yaml(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
+    """The `command:` a YAML file declares (None when it declares none or is not a mapping); a ConfigError
+    naming the file when it cannot be read as YAML, as `load_config` would raise."""
+    tree = read_config_file(path)
     command = tree.get("command") if isinstance(tree, dict) else None
     return command if isinstance(command, str) else None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -20,11 +20,12 @@ from raysim.plugins import MODELS
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def register_model(name: str):
-    """Register a model builder `f(cfg, feature_shape, image_shape, num_classes) -> nn.Module`."""
+def register_model(name: str, replace: bool = False):
+    """Register a model builder `f(cfg, feature_shape, image_shape, num_classes) -> nn.Module`; `replace` to take
+    the name of another module's model."""
 
     def wrap(fn):
-        MODELS[name] = fn
+        MODELS.add(name, fn, replace)
         return fn
 
     return wrap
@@ -36,8 +37,8 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("mlp", description="a registered model: logreg, mlp, cnn or one added with @register_model")
-    hidden: list[int] = Field(default_factory=lambda: [64])
-    channels: list[int] = Field(default_factory=lambda: [16, 32])
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [64], description="widths of the mlp's hidden layers")
+    channels: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [16, 32], description="the cnn's channels per convolution")
     dtype: Literal["float32", "float64"] = "float32"
     init_scale: float = Field(1.0, gt=0)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import os
 import sys
 from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, entry_points
@@ -58,6 +60,25 @@ class Registry(dict[str, Any]):
         """The object registered as `name` (built-ins loaded on a miss), or a ValueError listing what exists."""
         return self[self.check(name)]
 
+    def add(self, name: str, obj: Any, replace: bool = False) -> None:
+        """Register `obj` as `name` (see `claim`). A plugin's name is first looked for among the built-ins, which
+        load lazily, so that a built-in of that name is there to refuse it (and cannot load over it later)."""
+        if not _is_builtin(obj):
+            load_builtin(lambda: name in self)
+        elif name in self and not _is_builtin(self[name]):
+            return  # a plugin's replacement, installed from the driver's snapshot before this built-in loaded here
+        claim(self, self.kind, name, obj, replace)
+
+
+def claim(registry: dict[str, Any], kind: str, name: str, obj: Any, replace: bool = False) -> None:
+    """`registry[name] = obj`; a PluginError naming the owner when another module's object has the name, unless
+    `replace`. The same code registered again (a module imported twice) is not another module's."""
+    old = registry.get(name)
+    if old is not None and not replace and _origin(old) != _origin(obj):
+        raise PluginError(f"{kind} {name!r} is already registered by module {_module(old)}; register with"
+                          " replace=True to take its name")
+    registry[name] = obj
+
 
 ALGORITHMS = Registry("algorithm")
 SOURCES = Registry("source")
@@ -69,14 +90,15 @@ REPORT_MODULES: list[str] = []  # modules whose import registers reporters (impo
 _pending: list[EntryPoint] | None = None  # entry points not imported yet (None: not listed yet)
 
 
-def register_algorithm(name: str) -> Callable[[A], A]:
-    """Class decorator: make an `Algorithm` subclass available as `algorithm.name: <name>`."""
+def register_algorithm(name: str, replace: bool = False) -> Callable[[A], A]:
+    """Class decorator: make an `Algorithm` subclass available as `algorithm.name: <name>`; `replace` to take
+    the name of another module's algorithm (a built-in's, say), which is refused otherwise."""
 
     def wrap(cls: A) -> A:
         if getattr(cls, "Params", None) is None:
             raise TypeError(f"algorithm {name!r} must define a pydantic `Params` class")
+        ALGORITHMS.add(name, cls, replace)
         cls.name = name
-        ALGORITHMS[name] = cls
         return cls
 
     return wrap
@@ -85,11 +107,12 @@ def register_algorithm(name: str) -> Callable[[A], A]:
 COMMANDS: dict[str, Callable[..., Any]] = {}
 
 
-def register_command(name: str | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Decorator: a typer command function becomes `raysim <name>` (default: the function's name)."""
+def register_command(name: str | None = None, replace: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorator: a typer command function becomes `raysim <name>` (default: the function's name); `replace` to
+    take the name of another module's command."""
 
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
-        COMMANDS[name or fn.__name__.replace("_", "-")] = fn
+        claim(COMMANDS, "command", name or fn.__name__.replace("_", "-"), fn, replace)
         return fn
 
     return wrap
@@ -126,29 +149,50 @@ def load_plugin(spec: str) -> ModuleType:
         sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             del sys.modules[name]
-            raise PluginError(f"plugin {spec!r}: importing it failed: {_import_problem(e)}") from e
+            raise PluginError(f"plugin {spec!r}: {_import_problem(e)}") from e
         return module
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as e:
         if e.name and spec.startswith(e.name):
             raise PluginError(f"plugin {spec!r}: no module of that name (give a module on sys.path or a .py file)") from None
-        raise PluginError(f"plugin {spec!r}: importing it failed: {_import_problem(e)}") from e
-    except Exception as e:
-        raise PluginError(f"plugin {spec!r}: importing it failed: {_import_problem(e)}") from e
+        raise PluginError(f"plugin {spec!r}: {_import_problem(e)}") from e
+    except (Exception, SystemExit) as e:  # a plugin's sys.exit() would end raysim without a word
+        raise PluginError(f"plugin {spec!r}: {_import_problem(e)}") from e
 
 
-def _import_problem(err: Exception) -> str:
-    """The exception a plugin's import raised, in a phrase (with file and line for a syntax error)."""
+def _import_problem(err: BaseException) -> str:
+    """What went wrong importing a plugin, in a phrase (with file and line for a syntax error)."""
+    if isinstance(err, PluginError):  # a registration refused (claim): the message says which
+        return str(err)
+    if isinstance(err, SystemExit):
+        return f"importing it called sys.exit({err.code!r})"
     if isinstance(err, SyntaxError):
-        return f"SyntaxError: {err.msg} ({Path(err.filename or '?').name}, line {err.lineno})"
-    return f"{type(err).__name__}: {err}"
+        return f"importing it failed: SyntaxError: {err.msg} ({Path(err.filename or '?').name}, line {err.lineno})"
+    return f"importing it failed: {type(err).__name__}: {err}"
+
+
+def _code(obj: Any) -> Any:
+    """The registered function or class itself, under any wrapper that sets `__wrapped__` (a block source's)."""
+    return inspect.unwrap(obj) if callable(obj) else obj
+
+
+def _module(obj: Any) -> str:
+    return getattr(_code(obj), "__module__", None) or "?"
+
+
+def _origin(obj: Any) -> tuple[str, Any]:
+    """(file, qualified name) of registered code: the same when its module is imported again, or under another name
+    (a plugin file given by path and imported as a module too); the object itself for what has no qualified name."""
+    code, module = _code(obj), sys.modules.get(_module(obj))
+    where = getattr(module, "__file__", None)
+    return os.path.realpath(where) if where else _module(obj), getattr(code, "__qualname__", None) or code
 
 
 def _is_builtin(obj: Any) -> bool:
-    return getattr(obj, "__module__", "").startswith("raysim.")
+    return _module(obj).startswith("raysim.")
 
 
 def snapshot() -> dict[str, dict[str, Any]]:
@@ -163,7 +207,7 @@ def snapshot() -> dict[str, dict[str, Any]]:
     for kind, registry in KINDS.items():
         mine = {n: obj for n, obj in registry.items() if not _is_builtin(obj)}
         for obj in mine.values():
-            module = sys.modules.get(getattr(obj, "__module__", ""))
+            module = sys.modules.get(_module(obj))
             if module is not None and module.__name__ != "__main__":
                 ray.cloudpickle.register_pickle_by_value(module)
         if mine:

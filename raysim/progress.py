@@ -75,6 +75,9 @@ def metric_text(row: dict) -> str:
     return ""
 
 
+LONG_RUN_S = 86_400.0  # a run whose first round says it will take longer than this is warned about (a day)
+
+
 class RunProgress:
     """Progress of one run's rounds: `update(row)` after each round. A rich bar with ETA when `bar` is on and
     stderr is a terminal; otherwise log lines at INFO (none when `bar` is off and nothing is piped either)."""
@@ -106,12 +109,14 @@ class RunProgress:
     def update(self, row: dict) -> None:
         """Record a finished round (its rounds.parquet row)."""
         r = int(row["round"])
+        now = self.clock()
+        if r == self.first + 1:
+            self._warn_if_long(r, now - self.start)
         if self.bar is not None:
             self.bar.update(self.task, completed=r, metric=metric_text(row), sim=row["sim_time"])
             return
         if not self.enabled:
             return
-        now = self.clock()
         due = r - self.last_round >= self.every_rounds and now - self.last_time >= self.every_s
         if due or r == self.total or r == self.first + 1:
             elapsed = now - self.start
@@ -119,3 +124,11 @@ class RunProgress:
             LOGGER.info("%s: round %d/%d  %s  sim_time %.1f  elapsed %.0f s  ETA %.0f s", self.name, r, self.total,
                         metric_text(row), row["sim_time"], elapsed, eta)
             self.last_round, self.last_time = r, now
+
+    def _warn_if_long(self, r: int, first_s: float) -> None:
+        """One warning, with or without progress output, when the remaining rounds at the first one's pace would take
+        over LONG_RUN_S: `algorithm.rounds: 1e12` is legal, but more likely a typo than a plan."""
+        eta = first_s * (self.total - r)
+        if eta > LONG_RUN_S:
+            LOGGER.warning("%s: %d more rounds at %.3g s a round would take about %.3g days; check algorithm.rounds=%d",
+                           self.name, self.total - r, first_s, eta / 86_400, self.total)

@@ -16,11 +16,12 @@ Reporter = Callable[[RunResult], list[Path]]
 REPORTERS: dict[str, Reporter] = {}
 
 
-def register_report(name: str) -> Callable[[Reporter], Reporter]:
-    """Decorator: `f(result) -> [written paths]` runs on every `raysim report`; return [] when the run does not fit."""
+def register_report(name: str, replace: bool = False) -> Callable[[Reporter], Reporter]:
+    """Decorator: `f(result) -> [written paths]` runs on every `raysim report`; return [] when the run does not fit;
+    `replace` to take the name of another module's reporter."""
 
     def wrap(fn: Reporter) -> Reporter:
-        REPORTERS[name] = fn
+        plugins.claim(REPORTERS, "report", name, fn, replace)
         return fn
 
     return wrap

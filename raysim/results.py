@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from raysim.atomic import write_parquet, write_text
+from raysim.atomic import read_or_refuse, write_parquet, write_text
 from raysim.errors import RunDirError
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ class RunResult:
 
     @property
     def config(self) -> dict[str, Any]:
-        return yaml.safe_load((self.run_dir / "config.yaml").read_text())
+        path = self.run_dir / "config.yaml"
+        return read_or_refuse(path, lambda: yaml.safe_load(path.read_text()))
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunResult":
@@ -69,14 +70,15 @@ class RunResult:
         import pandas as pd  # not at module level: actor processes import this module and never need pandas
 
         run_dir = Path(run_dir)
-        if not (run_dir / "rounds.parquet").exists():
+        rounds_path = run_dir / "rounds.parquet"
+        if not rounds_path.exists():
             raise RunDirError(f"{run_dir} has no rounds.parquet: not a raysim run directory")
         info_path = run_dir / "run.json"
-        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        info = read_or_refuse(info_path, lambda: json.loads(info_path.read_text())) if info_path.exists() else {}
         clients_path = run_dir / "clients.parquet"
         parts = sorted(clients_path.glob("round-*.parquet")) if clients_path.is_dir() else []
-        clients = _read_parts(parts) if parts else pd.DataFrame()
-        return cls(run_dir, pd.read_parquet(run_dir / "rounds.parquet"), clients, info)
+        clients = read_or_refuse(clients_path, lambda: _read_parts(parts)) if parts else pd.DataFrame()
+        return cls(run_dir, read_or_refuse(rounds_path, lambda: pd.read_parquet(rounds_path)), clients, info)
 
     def model(self, best: bool = False) -> Any:
         """The trained model (an nn.Module for torch families, else {name: array}) after the newest checkpoint, or

@@ -46,11 +46,17 @@ def check_space(cfg: ExperimentConfig) -> list[ExperimentConfig]:
         if key.split(".")[0] == "sweep":
             problems.append(f"sweep.space.{key}: the sweep section itself cannot be searched")
             continue
-        for value in domain.points(rng):
+        points = domain.points(rng)
+        bad: dict[str, list[Any]] = {}  # each problem, with the values that have it
+        for value in points:
             try:
                 configs.append(load_config(tree, {key: value}))
             except ConfigError as e:
-                problems.append(f"sweep.space.{key}: value {value!r} is invalid: {'; '.join(e.problems)}")
+                bad.setdefault("; ".join(e.problems), []).append(value)
+        for problem, values in bad.items():  # a problem of every value (an unknown field) is one line, not one a value
+            listed = ("values " if len(values) > 1 else "value ") + ", ".join(map(repr, values))
+            which = "every value" if len(values) == len(points) > 1 else listed
+            problems.append(f"sweep.space.{key}: {which} is invalid: {problem}")
     if problems:
         raise ConfigError(problems)
     return configs

@@ -1,7 +1,7 @@
 """Config validation: every error names its field and what is allowed, before Ray starts."""
 import pytest
 
-from raysim.config import ConfigError, dump_config, load_config, parse_override
+from raysim.config import ConfigError, dump_config, load_config, parse_override, read_yaml
 
 BASE = {
     "name": "t",
@@ -45,9 +45,29 @@ def test_valid_config_resolves_defaults():
     ({"cluster.num_actors": 2, "cluster.clients_per_actor": 3}, ["cluster.num_actors:", "cannot host"]),
     ({"cluster.driver_shard": True, "system.clock.mode": "real"}, ["cluster.driver_shard:", "clock.mode 'virtual'"]),
     ({"cluster.driver_shard": True, "faults": [{"round": 1, "actor": 0}]}, ["cluster.driver_shard:", "faults"]),
+    ({"algorithm.lr": float("nan")}, ["algorithm.lr: must be a finite number (got nan)"]),
+    ({"algorithm.lr": "inf"}, ["algorithm.lr: must be a finite number (got 'inf')"]),
+    ({"data.synthetic_alpha": float("-inf")}, ["data.synthetic_alpha:"]),
+    ({"algorithm.lr": True}, ["algorithm.lr: expected a number, not a boolean (got True)"]),
+    ({"cluster.num_cpus": True}, ["cluster.num_cpus: expected a number, not a boolean (got True)"]),
+    ({"model.hidden": [32, True]}, ["model.hidden.1: expected a number, not a boolean"]),
+    ({"model.channels": [16, -1]}, ["model.channels.1:", "greater than or equal to 1"]),
 ])
 def test_bad_config_names_the_field(overrides, fragments):
     bad(overrides, *fragments)
+
+
+def test_booleans_stay_allowed_where_a_field_takes_them():
+    cfg = load_config(BASE, {"algorithm.vectorize": False, "cluster.driver_shard": True})
+    assert cfg.algorithm.vectorize is False and cfg.cluster.driver_shard is True
+
+
+def test_a_key_given_twice_in_a_file_is_refused_with_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: t\ndata:\n  source: digits\n  num_clients: 10\n  source: mnist1d\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: not valid YAML: duplicate key 'source', first at line 3; again at line 5"):
+        load_config(path)
+    assert read_yaml("a: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n")["c"] == {"x": 3, "y": 2}  # a merge may be overridden
 
 
 def test_all_problems_reported_together():

@@ -37,6 +37,18 @@ def test_line_has_the_round_metric_and_eta(caplog):
     assert caplog.messages[1] == "p: round 2/4  test_accuracy 0.5000  sim_time 2.0  elapsed 20 s  ETA 20 s"
 
 
+@pytest.mark.parametrize("total,warned", [(1_000_000, True), (1_000, False)])
+def test_a_first_round_that_says_the_run_would_take_over_a_day_warns_once(caplog, total, warned):
+    """1 s a round: 10^6 rounds (11.6 days) warn once, even with progress off; 1000 rounds (17 minutes) do not."""
+    clock = iter(float(t) for t in range(4))
+    with caplog.at_level(logging.WARNING, logger="raysim"):
+        with RunProgress("p", total, 0, False, interactive=False, clock=lambda: next(clock)) as bar:
+            for r in (1, 2, 3):
+                bar.update({"round": r, "sim_time": float(r)})
+    expected = ["p: 999999 more rounds at 1 s a round would take about 11.6 days; check algorithm.rounds=1000000"]
+    assert caplog.messages == (expected if warned else [])
+
+
 def test_log_level_from_flags_and_environment(monkeypatch):
     assert (log_level(), log_level(verbose=True), log_level(quiet=True)) == (logging.INFO, logging.DEBUG, logging.WARNING)
     monkeypatch.setenv("RAYSIM_LOG_LEVEL", "debug")

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from raysim.errors import DataError
 
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+FINITE_CHUNK_ROWS = 1 << 16  # rows tested at once when a NaN or inf is searched for
 
 
 def _is_number(t: pa.DataType) -> bool:
@@ -102,16 +103,35 @@ def _nested(arr: pa.Array, what: str) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, *shape)
 
 
+def first_non_finite(x: np.ndarray) -> int | None:
+    """The first row of `x` holding NaN or inf, or None; a finite array costs a min and a max, allocating nothing."""
+    if x.size == 0 or not np.issubdtype(x.dtype, np.floating) or np.isfinite(x.min()) and np.isfinite(x.max()):
+        return None
+    rows = x.reshape(len(x), -1)
+    for start in range(0, len(rows), FINITE_CHUNK_ROWS):
+        bad = ~np.isfinite(rows[start:start + FINITE_CHUNK_ROWS]).all(axis=1)
+        if bad.any():
+            return start + int(np.argmax(bad))
+    return None
+
+
 def column_arrays(column: pa.ChunkedArray | pa.Array, what: str) -> np.ndarray:
-    """One column as float32 (n, *sample_shape): () for numbers, the list/tensor shape, (C, H, W) for images."""
+    """One column as float32 (n, *sample_shape): () for numbers, the list/tensor shape, (C, H, W) for images.
+    A NaN or inf is a DataError naming its row: it would otherwise surface as a diverged run after training starts."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if isinstance(arr.type, pa.FixedShapeTensorType):
-        return arr.to_numpy_ndarray().astype(np.float32)
-    if not is_feature(arr.type):
+        values = arr.to_numpy_ndarray().astype(np.float32)
+    elif not is_feature(arr.type):
         raise DataError(f"{what} of type {arr.type} is neither numbers, arrays of numbers nor images")
-    if _is_image(_storage(arr.type)):
+    elif _is_image(_storage(arr.type)):
         return _images(arr.storage if isinstance(arr, pa.ExtensionArray) else arr, what)
-    return _nested(arr, what)
+    else:
+        values = _nested(arr, what)
+    row = first_non_finite(values)
+    if row is not None:
+        bad = values[row].reshape(-1)
+        raise DataError(f"{what}: row {row} holds {bad[~np.isfinite(bad)][0]}; features must be finite numbers")
+    return values
 
 
 def features(table: pa.Table, names: Sequence[str], feature_shape: Sequence[int] | None,
@@ -122,6 +142,8 @@ def features(table: pa.Table, names: Sequence[str], feature_shape: Sequence[int]
     prod(feature_shape), which becomes the image shape. Without it, a single column whose arrays
     are (C, H, W) keeps that shape and one of (H, W) becomes (1, H, W); anything else is flat.
     """
+    if table.num_rows == 0:
+        raise DataError(f"{where} has no rows")
     arrays = [column_arrays(table.column(n), f"column {n!r} of {where}") for n in names]
     shapes = [a.shape[1:] for a in arrays]
     x = np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)

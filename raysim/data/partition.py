@@ -24,11 +24,12 @@ NATURAL = "natural"
 DIRICHLET_TRIES = 100
 
 
-def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
-    """Decorator: make `f(labels, num_clients, cfg, rng) -> ids` available as `partition.kind: name`."""
+def register_partitioner(name: str, replace: bool = False) -> Callable[[Partitioner], Partitioner]:
+    """Decorator: make `f(labels, num_clients, cfg, rng) -> ids` available as `partition.kind: name`; `replace`
+    to take the name of another module's partitioner."""
 
     def wrap(fn: Partitioner) -> Partitioner:
-        PARTITIONERS[name] = fn
+        PARTITIONERS.add(name, fn, replace)
         return fn
 
     return wrap

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from raysim.data.columns import features, is_feature
+from raysim.data.columns import features, first_non_finite, is_feature
 from raysim.data.partition import NATURAL, apportion
 from raysim.errors import DataError
 from raysim.plugins import SOURCES
@@ -56,6 +56,9 @@ class Source:
         if self.x.dtype not in FLOATS or self.x.shape != (n, *self.feature_shape):
             raise ValueError(f"source x must be float32 or float64 of shape {(n, *self.feature_shape)}, "
                              f"got {self.x.dtype} {self.x.shape}")
+        row = first_non_finite(self.x)
+        if row is not None:  # a NaN feature would show as a diverged run, blamed on the learning rate
+            raise DataError(f"data.source: sample {row} has a NaN or infinite feature; features must be finite numbers")
         if self.regression:
             if self.y.dtype not in FLOATS or not np.isfinite(self.y).all():
                 raise ValueError("source y of a regression source (num_classes 0) must be finite float32/float64")
@@ -105,24 +108,25 @@ SourceCheck = Callable[["DataConfig"], object]
 
 
 def register_source(name: str, natural: bool = False, options: type | None = None,
-                    check: SourceCheck | None = None) -> Callable[[SourceLoader], SourceLoader]:
+                    check: SourceCheck | None = None, replace: bool = False) -> Callable[[SourceLoader], SourceLoader]:
     """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`; `natural` when the
     source assigns its samples to clients itself (`partition.kind: natural`); `options`, a pydantic
     model of the source's own parameters (`data.options:`, read with `cfg.source_options()`); `check(cfg)`,
-    what the source can find wrong cheaply (a missing file or column), raising DataError before Ray starts."""
+    what the source can find wrong cheaply (a missing file or column), raising DataError before Ray starts;
+    `replace`, to take the name of another module's source (a built-in's), which is refused otherwise."""
 
     def wrap(fn: SourceLoader) -> SourceLoader:
         fn.natural = natural  # type: ignore[attr-defined]
         fn.options = options  # type: ignore[attr-defined]
         fn.check = check  # type: ignore[attr-defined]
-        SOURCES[name] = fn
+        SOURCES.add(name, fn, replace)
         return fn
 
     return wrap
 
 
-def register_block_source(name: str, options: type | None = None,
-                          check: SourceCheck | None = None) -> Callable[[BlockLoader], BlockLoader]:
+def register_block_source(name: str, options: type | None = None, check: SourceCheck | None = None,
+                          replace: bool = False) -> Callable[[BlockLoader], BlockLoader]:
     """Decorator: make `f(cfg, seed) -> ClientBlocks`, a natural source made a block of clients at a time,
     available as `data.source: name`; a build under the natural partition then never pools its samples."""
 
@@ -132,7 +136,8 @@ def register_block_source(name: str, options: type | None = None,
 
         pooled.__doc__ = fn.__doc__
         pooled.blocks = fn  # type: ignore[attr-defined]
-        register_source(name, natural=True, options=options, check=check)(pooled)
+        pooled.__wrapped__ = fn  # type: ignore[attr-defined]  # whose source it is (plugins._code)
+        register_source(name, natural=True, options=options, check=check, replace=replace)(pooled)
         return fn
 
     return wrap
@@ -312,9 +317,12 @@ def parquet_columns(cfg: DataConfig) -> tuple[str, list[str], bool]:
     if not Path(path).is_file():
         raise DataError(f"data.path: {path!r} is not a file (source 'parquet' reads one Parquet file)")
     try:
-        schema = pq.read_schema(path, memory_map=True)
+        with pq.ParquetFile(path, memory_map=True) as file:
+            schema, rows = file.schema_arrow, file.metadata.num_rows
     except (OSError, pa.ArrowException) as e:
         raise _unreadable(path, e) from e
+    if rows == 0:
+        raise DataError(f"data.path: {path} has no rows (source 'parquet' needs the samples of every client)")
     names = schema.names
     if cfg.label_column not in names:
         raise DataError(f"data.label_column: no column {cfg.label_column!r} in {path} (columns: {names})")
