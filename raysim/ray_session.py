@@ -5,6 +5,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from importlib.machinery import PathFinder
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -12,6 +14,7 @@ from ray._private import node as ray_node
 from ray._private import parameter as ray_parameter
 from ray._private import services as ray_services
 from ray._raylet import GcsClient  # type: ignore[attr-defined]  # (built in Cython; not in its stub)
+from ray.job_config import JobConfig
 
 AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"  # the logger of the token notice
 # Ray's processes connect to a local socket (the raylet to its object store, among others) with tries a
@@ -25,6 +28,35 @@ QUICK_CONNECT = {"raylet_client_connect_timeout_milliseconds": 10, "raylet_clien
 INLINE_REPLIES = {"max_direct_call_object_size": 1 << 20}
 REGISTERED_POLL_S = 0.01  # how often start-up asks the GCS whether the raylet has registered
 REGISTERED_WAIT_S = 30.0  # Ray's own deadline for it
+PACKAGE = Path(__file__).resolve().parent  # the raysim this process imported (site-packages, or a checkout's raysim/)
+
+
+def _shadows_raysim(directory: str) -> bool:
+    """Whether `directory`, first on sys.path, would make `import raysim` load another raysim than this
+    process's. A source checkout's root does when raysim is installed non-editably: its raysim/ folder lacks
+    raysim.actors and raysim.algorithms, which pyproject.toml maps from the root's actors/ and algorithms/.
+    A folder named raysim without __init__.py does not: an installed raysim outranks a namespace portion."""
+    spec = PathFinder.find_spec("raysim", [directory])
+    if spec is None or spec.origin is None:
+        return False
+    return Path(spec.origin).resolve().parent != PACKAGE
+
+
+class WorkerPaths(JobConfig):
+    """Ray's job config, less the driver's directories that would shadow this raysim on the workers.
+
+    `ray.init` lists the driver's working directory and its script's directory in the job config
+    (`_py_driver_sys_path`, in ray/_private/worker.py `connect`), and every worker of the job, on every node,
+    inserts them at the front of its sys.path before it loads an actor or a task. Run from a checkout's root
+    with raysim installed non-editably, the workers then imported the checkout's raysim/ instead of the
+    driver's, and every client actor died on `No module named 'raysim.algorithms'`. Such a directory is left
+    out as Ray serializes the config; one without a raysim of its own stays, so the workers still find a
+    user's modules there. (Registered plugins do not need it: `plugins.snapshot` ships them by value.)
+    """
+
+    def _get_proto_job_config(self) -> Any:
+        self._py_driver_sys_path = [p for p in self._py_driver_sys_path if not _shadows_raysim(p)]
+        return super()._get_proto_job_config()
 
 
 def _await_registration(get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
@@ -94,7 +126,7 @@ def start_local(num_cpus: int | None = None) -> None:
     notice.setLevel(logging.ERROR)
     try:
         with _lean_head():
-            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING, job_config=WorkerPaths(),
                      _system_config={"worker_niceness": 0, "prestart_worker_first_driver": False,
                                      **QUICK_CONNECT, **INLINE_REPLIES})
     finally:
@@ -103,11 +135,14 @@ def start_local(num_cpus: int | None = None) -> None:
 
 def ensure(address: str | None, num_cpus: int | None = None) -> bool:
     """Join Ray at `address`, or start a local one; nothing if this process is connected already.
-    True if this call started or joined Ray (the caller then shuts it down)."""
+    True if this call started or joined Ray (the caller then shuts it down). Either way the workers import
+    the driver's raysim (`WorkerPaths`); through Ray Client (`ray://`) Ray adds no driver directory to them."""
     if ray.is_initialized():
         return False
-    if address:
+    if address and address.startswith("ray://"):
         ray.init(address=address, logging_level=logging.WARNING)
+    elif address:
+        ray.init(address=address, logging_level=logging.WARNING, job_config=WorkerPaths())
     else:
         start_local(num_cpus)
     return True

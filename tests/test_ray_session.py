@@ -1,6 +1,8 @@
 """The local Ray a run starts: fitted to one machine, without the head daemons a simulation never calls."""
 import base64
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -73,3 +75,42 @@ def test_start_up_asks_ray_for_the_node_once_it_has_registered(ray_cluster, monk
     monkeypatch.setattr(ray_session, "REGISTERED_WAIT_S", 0.3)  # a node that never registers: Ray's own lookup decides
     begun = time.monotonic()
     assert wait(gcs, "ab" * 28) == "info" and calls[-1] == (gcs, "ab" * 28) and time.monotonic() - begun >= 0.3
+
+
+# A driver script outside its working directory, as `raysim run` is (the script dir is the venv's bin/): it
+# imports raysim from the install, and its actor reports the raysim its worker imported.
+PROBE = """
+import ray
+import raysim
+from raysim import ray_session
+
+ray_session.ensure(None, num_cpus=1)
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def where(self) -> str:
+        import raysim.algorithms  # mapped from the root's algorithms/: a checkout's raysim/ has none
+        return raysim.__file__
+
+
+print(raysim.__file__)
+print(ray.get(Probe.remote().where.remote()))
+"""
+
+
+def test_actors_import_the_drivers_raysim_when_the_working_directory_holds_another(tmp_path):
+    # As `raysim run` from a checkout's root with raysim installed non-editably: Ray puts the driver's working
+    # directory first on every worker's sys.path, and the checkout's raysim/ there has no algorithms/ or actors/.
+    # (In the editable test venv setuptools' finder still finds raysim.algorithms under the decoy; the file the
+    # actor's raysim came from is what tells.)
+    checkout, bin_dir = tmp_path / "checkout", tmp_path / "bin"
+    (checkout / "raysim").mkdir(parents=True)
+    (checkout / "raysim" / "__init__.py").write_text('"""A decoy: a raysim/ without actors/ or algorithms/."""\n')
+    bin_dir.mkdir()
+    (bin_dir / "probe.py").write_text(PROBE)
+    proc = subprocess.run([sys.executable, str(bin_dir / "probe.py")], cwd=checkout, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    driver, actor = proc.stdout.split()[-2:]
+    assert actor == driver == str(ray_session.PACKAGE / "__init__.py")
