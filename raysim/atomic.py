@@ -38,6 +38,11 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
 
 
+def write_frame(frame: Any, path: Path) -> None:
+    """A pandas DataFrame as Parquet (its index kept as pandas does), atomically."""
+    atomic_write_bytes(path, lambda tmp: frame.to_parquet(tmp))
+
+
 def write_text(text: str, path: Path) -> None:
     atomic_write_bytes(path, lambda tmp: Path(tmp).write_text(text))
 

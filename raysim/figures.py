@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from raysim.atomic import atomic_write_bytes  # noqa: E402
+
 METRICS = ("test_accuracy", "test_loss", "train_loss")  # drawn first, in this order, where a run has them
 AXES = (("round", "round"), ("sim_time", "simulated time (s)"), ("gamma", "federated oracle complexity Γ"))
 # rounds columns that describe the round (schedule, costs, host measurements), not the model: never plotted as a metric
@@ -41,6 +43,7 @@ def save_figure(fig, path: Path, dpi: int = 110, legend_outside: bool = False) -
     """Lay out, write and close a figure; returns its path. `legend_outside`: grow the saved area to hold a legend
     placed outside the axes (one more layout pass, so only where asked)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi, bbox_inches="tight" if legend_outside else None)
+    atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or None, dpi=dpi,
+                                                     bbox_inches="tight" if legend_outside else None))
     plt.close(fig)
     return path

@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from raysim.algorithms.fedfisher.fisher.synthetic import experiment, method_name  # noqa: E402
+from raysim.atomic import write_frame  # noqa: E402
 from raysim.report import save_figure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ def main() -> None:
     print(f"sweeps done in {time.perf_counter() - start:.0f} s\n")
     print(f"Width sweep (K = {WIDTH_SWEEP_STEPS}, {args.seeds} seeds, mean ± sd)\n{markdown(table, 'width')}\n")
     print(f"Local-steps sweep (m = {STEPS_SWEEP_WIDTH}, {args.seeds} seeds)\n{markdown(table, 'steps')}\n")
-    table.to_parquet(args.out / "fig1_synthetic.parquet")
+    write_frame(table, args.out / "fig1_synthetic.parquet")
     small = ROOT / "docs" / "figures" / "fedfisher" / "fig1_synthetic.png"
     for path in plot(table, args.out / "fig1_synthetic.png", small):
         print(f"wrote {path} ({path.stat().st_size // 1024} KB)")

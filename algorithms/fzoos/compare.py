@@ -22,6 +22,7 @@ import yaml
 
 import raysim
 from raysim import ray_session
+from raysim.atomic import write_text
 from raysim.algorithms.fzoos.plots import by_round, cosine_profile, plot_cosines, plot_curves, value_column
 from raysim.plugins import ALGORITHMS
 
@@ -88,7 +89,7 @@ def compare(config: Path, algorithms: list[str], out: Path, rounds: int | None, 
         md += "\n| algorithm | cumulative mean cos at t = 1 / 5 / 10 / T |\n|---|---|\n" + "".join(
             f"| {n} | {' / '.join(f'{p[min(t, len(p)) - 1]:.3f}' for t in (1, 5, 10, len(p)))} |\n"
             for n, p in profiles.items())
-    (out / "compare.md").write_text(md)
+    write_text(md, out / "compare.md")
     print(md)
     return out
 

@@ -27,6 +27,7 @@ from threadpoolctl import threadpool_limits
 
 from raysim.algorithms.kernel.algorithm import (KernelFedAvgParams, expected_prediction_error, feature_stats,
                                       fixed_point_solver, truth_coefficients)
+from raysim.atomic import write_frame
 from raysim.config import ExperimentConfig, load_config
 from raysim.algorithms.kernel.sources import (RegressionOptions, client_sizes, linear_model, polynomial_grid,
                                     polynomial_model, sobolev_model, subspace_model)
@@ -108,7 +109,7 @@ def summarise_rounds(tables: dict[str, pd.DataFrame], ols: float | None = None) 
 def fig1(out: Path, **_) -> list[Path]:
     tables = run_series(CONFIGS / "kernel_fig1.yaml", out)
     summary = summarise_rounds(tables, pooled_ols_error(out / "FedAvg_s1"))
-    summary.to_parquet(out / "fig1.parquet")
+    write_frame(summary, out / "fig1.parquet")
     print(summary.to_string(index=False))
     return [plot_series(tables, ROUND_METRICS[:2], out / "kernel_fig1.png", "Fig. 1: full batch")]
 
@@ -144,7 +145,7 @@ def minibatch_figure(out: Path, figure: str, metric: tuple[str, str]) -> list[Pa
     """The runs of Figs 2-3, their summary table, and one panel per batch size of `metric`."""
     panels = minibatch_series(out)
     summary = summarise_minibatch(panels)
-    summary.to_parquet(out / f"{figure}.parquet")
+    write_frame(summary, out / f"{figure}.parquet")
     print(summary.to_string(index=False))
     title = f"Fig. {figure[-1]}: {metric[1]}, full batch and minibatches"
     return [plot_panels(panels, metric, out / f"kernel_{figure}.png", title)]
@@ -174,7 +175,7 @@ def general(out: Path, **_) -> list[Path]:
     for label, (method, s) in algorithms.items():
         expected = expected_prediction_error(G, sizes, truth, p.noise, params.eta, method, s, ts)
         tables[f"{label}: exact E (other draw)"] = pd.DataFrame({"round": ts + 1, "pred_error_prev": expected})
-    summarise_rounds(tables).to_parquet(out / "general.parquet")
+    write_frame(summarise_rounds(tables), out / "general.parquet")
     return [plot_series(tables, ROUND_METRICS[2:3], out / "kernel_general.png", "§5.6: Sobolev kernel, 1/t and early stopping")]
 
 
@@ -307,7 +308,7 @@ def fig6_table(config: Path = CONFIGS / "kernel_fig6.yaml", per_client=range(1, 
 
 def fig4(out: Path, trials: int = 20) -> list[Path]:
     table = fig4_table(trials=trials)
-    table.to_parquet(out / "fig4.parquet")
+    write_frame(table, out / "fig4.parquet")
     print(fig4_means(table).to_string())
     print("Gamma at FG = 1 (linear interpolation):\n" + fig4_crossings(table).to_string())
     return [plot_gain(table, "gamma", "model heterogeneity Γ", out / "kernel_fig4.png",
@@ -316,7 +317,7 @@ def fig4(out: Path, trials: int = 20) -> list[Path]:
 
 def fig5(out: Path, trials: int = 20) -> list[Path]:
     table = fig5_table(trials=trials)
-    table.to_parquet(out / "fig5.parquet")
+    write_frame(table, out / "fig5.parquet")
     print(table.groupby(["client", "rank", "algorithm"], sort=False)["fg"].mean().unstack().to_string())
     return [plot_gain(table, "rank", "covariate subspace rank r", out / "kernel_fig5.png",
                       f"Fig. 5: FG vs r (mean ± s.e., {trials} trials)")]
@@ -324,7 +325,7 @@ def fig5(out: Path, trials: int = 20) -> list[Path]:
 
 def fig6(out: Path, trials: int = 500) -> list[Path]:
     table = fig6_table(trials=trials)
-    table.to_parquet(out / "fig6.parquet")
+    write_frame(table, out / "fig6.parquet")
     print(table.assign(inv_mse=1 / table["mse"]).pivot(index="N", columns="algorithm", values="inv_mse").to_string())
     return [plot_inverse_mse(table, out / "kernel_fig6.png", "Fig. 6: polynomial regression")]
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.func import grad, jacrev
 
 from raysim.algorithms.sketching.privacy import gaussian_sigma
+from raysim.atomic import write_frame
 from raysim.rng import stream
 from raysim.algorithms.sketching.sketch import Kind, make_sketch
 
@@ -278,5 +279,5 @@ def run_attack(cfg: AttackConfig, out: str | Path) -> tuple[Path, Path]:
              for b in cfg.dp_b_values for e in cfg.epsilons for t in range(cfg.trials)]
     table = pd.DataFrame(rows)
     path = out / "attack.parquet"
-    table.to_parquet(path)
+    write_frame(table, path)
     return path, plot_attack(table, out / "attack.png", cfg.model.input_dim)

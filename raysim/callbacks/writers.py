@@ -7,6 +7,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, TextIO
 
+from raysim.atomic import write_text
 from raysim.callbacks.base import Callback, RunContext, ServerView
 
 
@@ -28,6 +29,10 @@ class CsvLogger(Callback):
     def on_run_start(self, run: RunContext) -> None:
         self.path = self.path or run.run_dir / "rounds.csv"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if run.start_round and self.path.exists():  # a resumed run: the rows past its checkpoint come again
+            with self.path.open(newline="") as f:
+                kept = [line for line in f if not line[:1].isdigit() or int(line.split(",", 1)[0]) <= run.start_round]
+            write_text("".join(kept), self.path)
         self.file = self.path.open("a" if run.start_round else "w", newline="")
 
     def on_round_end(self, row: dict, server: ServerView) -> bool | None:

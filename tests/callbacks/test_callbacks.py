@@ -92,6 +92,20 @@ def test_tensorboard_and_csv_hold_every_round(tmp_path):
     np.testing.assert_allclose(csv[numeric].to_numpy(float), res.rounds[numeric].to_numpy(float), rtol=1e-12)
 
 
+def test_a_resumed_run_logs_each_round_once(tmp_path):
+    """Rounds 1-5 logged, then the run resumed from round 4 (round 5's checkpoint damaged): rounds.csv holds each
+    round once, the values of the resumed run (TensorBoard's own purge_step drops its steps past round 4)."""
+    hooks = [{"kind": "tensorboard"}, {"kind": "csv"}]
+    part = raysim.run(QUICK, {**SMALL, "algorithm.rounds": 8, "callbacks": hooks, "checkpoint.every": 2},
+                      out=tmp_path / "part", on_round=lambda row: row["round"] < 5)
+    (part.run_dir / "checkpoints" / "round-000005" / "server.pkl").write_bytes(b"")
+    res = raysim.run(None, resume=part.run_dir)
+    assert res.info["resumed_from"] == 4
+    csv = pd.read_csv(res.run_dir / "rounds.csv")
+    assert csv["round"].tolist() == list(range(1, 9))
+    np.testing.assert_allclose(csv["test_loss"].to_numpy(float), res.rounds["test_loss"].to_numpy(float), rtol=1e-12)
+
+
 class Recorder(Callback):
     def __init__(self):
         self.calls = []
