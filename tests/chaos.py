@@ -79,6 +79,17 @@ class Driver:
         return self.proc.returncode, err
 
 
+def _live_actors(driver: Driver, timeout_s: float = 30.0) -> list[psutil.Process]:
+    """The driver's two client actors, once both are up (Ray may still be restarting one a fault killed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and driver.proc.poll() is None:
+        actors = client_actors(driver.ps)
+        if len(actors) >= 2:
+            return actors
+        time.sleep(0.02)
+    return client_actors(driver.ps)
+
+
 def _kill(actors: list[psutil.Process], log: list[str], rng: np.random.Generator, both: bool = False) -> None:
     for i, p in enumerate(actors if both else [actors[int(rng.integers(len(actors)))]]):
         if i:
@@ -107,10 +118,11 @@ def run_schedule(config: Path, run_dir: Path, schedule: Schedule, seed: int, ove
     driver = Driver(["run", str(config), *overrides, "--out", str(run_dir)], run_dir, timeout_s)
     for gap, kind in schedule.faults:
         time.sleep(gap)
+        actors = _live_actors(driver)
         if driver.proc.poll() is not None:
-            log.append(f"{kind}: the run had ended")
+            code, err = driver.wait()
+            log.append(f"{kind}: the run had ended (exit {code}: {err.strip()[-1000:]})")
             break
-        actors = client_actors(driver.ps)
         log.append(f"{kind} ({len(actors)} actors)")
         if kind in ("kill_actor", "kill_both") and actors:
             _kill(actors, log, rng, both=kind == "kill_both")
