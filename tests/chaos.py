@@ -28,7 +28,7 @@ class Schedule:
     log: list[str] = field(default_factory=list)
 
     @classmethod
-    def draw(cls, seed: int, most: int = 3, gap: tuple[float, float] = (0.2, 2.0)) -> Schedule:
+    def draw(cls, seed: int, most: int = 3, gap: tuple[float, float] = (0.2, 1.5)) -> Schedule:
         rng = np.random.default_rng(seed)
         return cls([(float(rng.uniform(*gap)), str(rng.choice(KINDS))) for _ in range(int(rng.integers(1, most + 1)))])
 
