@@ -246,6 +246,9 @@ def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int,
                 if stopped_by or signals.received:
                     break
         last = len(writer.rounds)
+        if not signals.received:  # first: a Tune trial that its scheduler stopped may be ended during the checkpoint
+            status = "stopped" if last < cfg.algorithm.rounds else "finished"
+            writer.status(status=status, rounds_done=last, **({"stopped_by": stopped_by} if stopped_by else {}))
         if last < cfg.algorithm.rounds and last and not writer.rounds[-1]["checkpoint"] and cfg.checkpoint.every > 0:
             server.checkpoint(last)  # the last round trained is what export, trained_model and --resume start from
             writer.flush()
@@ -253,8 +256,6 @@ def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int,
         signals.at_round_end = False
         if signals.received:
             raise RunInterrupted(signals.received)
-        status = "stopped" if last < cfg.algorithm.rounds else "finished"
-        writer.status(status=status, rounds_done=last, **({"stopped_by": stopped_by} if stopped_by else {}))
         if stopped_by:
             LOGGER.info("stopped after round %d by %s", last, ", ".join(stopped_by))
     except BaseException as e:
