@@ -132,14 +132,20 @@ def test_dense_needs_images():
 
 @pytest.mark.slow
 def test_dense_beats_fedavg_on_digits_lenet_with_a_small_generator(ray_cluster, tmp_path):
-    """Table 2's DENSE on the CPU stand-in (digits at 28x28, LeNet, M = 5, alpha 0.2), 3 seeds, a small generator
-    (ngf 16, nz 64) and 10 epochs (5 min). Measured (mean ± sample std): FedAvg 56.55 ± 7.97, DENSE 64.90 ± 9.77,
-    uncompressed FedFisher K-FAC 80.87 ± 4.37. The paper has DENSE above FedAvg and the best in Table 2; at this
-    size it beats FedAvg by 8 points and stays 16 below K-FAC."""
+    """Table 2's DENSE on the CPU stand-in (digits at 28x28, LeNet, M = 5, alpha 0.2), seeds 0-4, a small generator
+    (ngf 16, nz 64) and 10 epochs. Measured per seed (test accuracy %, DENSE / FedAvg / gap): 75.77 / 57.38 / +18.39,
+    56.82 / 48.19 / +8.63, 60.17 / 64.07 / -3.90, 67.69 / 50.97 / +16.72, 69.36 / 63.51 / +5.85; means 65.96 and
+    56.82, a gap of 9.14 with a sample std of 9.0 over seeds (4.0 for its 5-seed mean). Uncompressed FedFisher K-FAC
+    read 80.87 ± 4.37 on seeds 0-2: the paper has DENSE above FedAvg and best in Table 2; at this size it is only the
+    former. The numbers are bitwise the same run to run on one machine, but not across CPUs: torch's float32
+    kernels sum in another order under AVX2 than under AVX-512, and 30 local epochs turn that last bit into test
+    samples (FedAvg's seeds 0-2 mean read 56.27-57.01 under the four ATen/oneDNN ISA settings of one AVX-512 machine,
+    58.03 on another). So the test asks for a 4-point gap: 5 points (1.3 std of the mean) below the measurement,
+    more than three times the largest move of a mean seen across kernels, and still DENSE clearly ahead."""
     from raysim.algorithms.fedfisher.oneshot import compare
 
-    table = compare("configs/fedfisher/fedfisher_digits.yaml", ["fedavg", "dense", "fedfisher_kfac"], [0, 1, 2], tmp_path,
+    table = compare("configs/fedfisher/fedfisher_digits.yaml", ["fedavg", "dense"], [0, 1, 2, 3, 4], tmp_path,
                     ["algorithm.ngf=16", "algorithm.nz=64", "algorithm.epochs=10"])
-    acc = table.groupby("method")["test_accuracy"].agg(["mean", "std"]) * 100
-    print(acc.round(2).to_string())
-    assert acc.loc["dense", "mean"] > acc.loc["fedavg", "mean"] + 7
+    acc = table.pivot(index="seed", columns="method", values="test_accuracy") * 100
+    gap = acc["dense"].mean() - acc["fedavg"].mean()
+    assert gap > 4, f"DENSE - FedAvg = {gap:.2f} points; per seed:\n{acc.round(2).to_string()}"
