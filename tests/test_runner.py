@@ -217,7 +217,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_numbers(tmp_pat
     pd.testing.assert_frame_equal(reproducible(whole.clients), reproducible(resumed.clients))
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])  # SIGTERM on Ray: test_chaos
 def test_a_signal_stops_after_the_round_with_a_checkpoint_and_resume_continues_bitwise(tmp_path, sig):
     """SIGINT (Ctrl-C) or SIGTERM (a batch scheduler) to `raysim run`: the round in flight finishes, the tables and
     a checkpoint of it are written, run.json says `interrupted`, one line says how to resume, and the exit status
