@@ -1,5 +1,5 @@
 """Local SGD on torch models, the training loop every model-training family shares: FedAvg in the
-FedPAQ form (specs/fedlrgd.md §4.1), which families register under their own names and extend.
+FedPAQ form (the FedLRGD paper), which families register under their own names and extend.
 
 A round k: the server samples clients and broadcasts θ_k and the round's step size η_k; each
 client runs local SGD steps θ ← θ − η_k·(∇f_c(θ) + μ(θ − θ_g)) (μ = 0 is FedAvg) and uploads its

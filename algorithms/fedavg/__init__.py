@@ -1,4 +1,4 @@
-"""The fedavg family: FedAvg/FedPAQ and FedProx on torch models (specs/fedlrgd.md §4.1), and the server
+"""The fedavg family: FedAvg/FedPAQ and FedProx on torch models (the FedLRGD paper), and the server
 optimizers FedAvgM, FedAdagrad, FedAdam, FedYogi (server_opt.py).
 
 The local SGD loop itself is the runtime's `raysim.training.LocalSGD`, shared by every family that

@@ -1,4 +1,4 @@
-"""FedFisher, one-shot (specs/fedfisher.md): Diag and K-FAC Fisher merging, the one-shot baselines
+"""FedFisher, one-shot (the FedFisher paper): Diag and K-FAC Fisher merging, the one-shot baselines
 (FedAvg, FisherMerge, RegMean, OTFusion, PFNM), the paper's models, `raysim oneshot`, plots.
 
 Importing this package registers them (the `raysim.plugins` entry point `fedfisher`)."""

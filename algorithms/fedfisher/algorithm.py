@@ -1,4 +1,4 @@
-"""FedFisher (Jhunjhunwala, Wang & Joshi, AISTATS 2024; specs/fedfisher.md §2): one-shot FL with
+"""FedFisher (Jhunjhunwala, Wang & Joshi, AISTATS 2024; the FedFisher paper): one-shot FL with
 the clients' Fisher information.
 
 Each client trains E epochs from W0 and uploads (W_i, F_i) with F_i its diagonal true Fisher

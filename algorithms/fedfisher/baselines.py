@@ -1,4 +1,4 @@
-"""One-shot FL (specs/fedfisher.md §1.1, §2.2, §4): every client trains once from the broadcast
+"""One-shot FL (the FedFisher paper): every client trains once from the broadcast
 W0 and uploads its model (plus statistics); the server merges the uploads in `aggregate`.
 
 `OneShot` is the shared protocol: E epochs of SGD with momentum (lr 0.01, momentum 0.9, batch

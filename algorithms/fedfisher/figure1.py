@@ -1,4 +1,4 @@
-"""FedFisher's synthetic two-layer experiment, Fig. 1 (specs/fedfisher.md §3.5, §7.2).
+"""FedFisher's synthetic two-layer experiment, Fig. 1 (the FedFisher paper).
 
 Run: python -m raysim.algorithms.fedfisher.figure1 [--out DIR] [--seeds S]
 

@@ -1,4 +1,4 @@
-"""The FedFisher paper's bias-free models (specs/fedfisher.md §5.2, §7.3): LeNet, the 2-conv CNN, a bias-free MLP.
+"""The FedFisher paper's bias-free models: LeNet, the 2-conv CNN, a bias-free MLP.
 
 LeNet and the CNN are conv(k5) -> ReLU -> MaxPool2 twice, then three bias-free linear layers; LeNet has
 44,190 parameters on 1x28x28 inputs, the CNN 939,616 on 3x32x32 inputs (spec §2.4).

@@ -1,7 +1,7 @@
 """`raysim oneshot`: run several one-shot methods over several seeds on one config and tabulate them.
 
 Each (method, seed) is one run of the runtime; for a seed every method trains the identical local
-models (same streams), as in the paper's code (specs/fedfisher.md §2.2). The table (Parquet and
+models (same streams), as in the paper's code (the FedFisher paper). The table (Parquet and
 markdown, mean ± population std over seeds as in §8.17) and a bar chart go to the output folder.
 """
 from __future__ import annotations

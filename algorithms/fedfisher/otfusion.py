@@ -1,4 +1,4 @@
-"""OTFusion (Singh & Jaggi 2020), weight-based, as the FedFisher baseline runs it (specs/fedfisher.md §4.4).
+"""OTFusion (Singh & Jaggi 2020), weight-based, as the FedFisher baseline runs it (the FedFisher paper).
 
 Client 0 is the pivot; every other model is aligned to it layer by layer, the output layer included
 (`skip_last_layer False`), as in the paper's `algs/otfusion.py`:

@@ -1,5 +1,5 @@
 """FedFisher plots: the accuracy-by-method table and bar chart of a `raysim oneshot` comparison
-(specs/fedfisher.md Table 2), and test accuracy by round of a few-shot run (Fig. 2)."""
+(the FedFisher paper Table 2), and test accuracy by round of a few-shot run (Fig. 2)."""
 from __future__ import annotations
 
 from pathlib import Path

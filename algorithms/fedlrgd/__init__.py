@@ -1,4 +1,4 @@
-"""FedLRGD (Algorithm 1 of the FedLRGD paper, specs/fedlrgd.md): its algorithm, smooth sources and
+"""FedLRGD (Algorithm 1 of the FedLRGD paper): its algorithm, smooth sources and
 paper networks; `raysim compare` (Γ to accuracy ε) and `raysim rank` (App. C) commands; plots.
 
 Importing this package registers them (the `raysim.plugins` entry point `fedlrgd`)."""

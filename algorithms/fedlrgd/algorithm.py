@@ -1,4 +1,4 @@
-"""FedLRGD, Algorithm 1 of the FedLRGD paper (specs/fedlrgd.md §3), for torch models.
+"""FedLRGD, Algorithm 1 of the FedLRGD paper, for torch models.
 
 The server holds its own r samples x^(0,1..r) (fresh draws from the problem's law, not copies of
 client samples; n = m s + r) and picks r pivot parameters ϑ^(1..r). Per coordinate i,

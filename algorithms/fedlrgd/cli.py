@@ -1,4 +1,4 @@
-"""`raysim compare` (Γ and simulated time to accuracy ε, specs/fedlrgd.md §7.15) and `raysim rank` (App. C)."""
+"""`raysim compare` (Γ and simulated time to accuracy ε, the FedLRGD paper) and `raysim rank` (App. C)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,7 +19,7 @@ def compare(
     out: Path = typer.Option(Path("runs/compare"), help="folder for the runs and compare.parquet / compare.md"),
     override: Optional[List[str]] = typer.Option(None, help="key.sub=value applied to every config"),
 ) -> None:
-    """Run algorithms to accuracy epsilon; table of Γ, simulated time and rounds (specs/fedlrgd.md §7.15)."""
+    """Run algorithms to accuracy epsilon; table of Γ, simulated time and rounds (the FedLRGD paper)."""
     from raysim.algorithms.fedlrgd.compare import compare as run_compare
     from raysim.config import ConfigError
 

@@ -1,4 +1,4 @@
-"""The FedLRGD paper's models (specs/fedlrgd.md §5.2, §6): the bias-free linear score θᵀx of its
+"""The FedLRGD paper's models: the bias-free linear score θᵀx of its
 logistic and ridge problems, and Appendix C's networks with logistic (sigmoid) hidden units.
 
 `linear`: θᵀx with one output per class (one output for regression or binary soft labels).

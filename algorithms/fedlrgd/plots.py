@@ -1,4 +1,4 @@
-"""FedLRGD report: the Appendix C histogram of approximate gradient ranks (specs/fedlrgd.md §6),
+"""FedLRGD report: the Appendix C histogram of approximate gradient ranks (the FedLRGD paper),
 drawn when the run directory holds the `raysim rank` measurement (rank.parquet)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Appendix C of the FedLRGD paper (specs/fedlrgd.md §6): the approximate rank of neural-network gradients.
+"""Appendix C of the FedLRGD paper: the approximate rank of neural-network gradients.
 
 At trained weights θ*, draw k test samples x^(i) and k perturbed parameters
 θ^(j) = θ* + (‖θ*‖₁/p) g_j, g_j ~ N(0, I_p) (75); for each sampled coordinate q build the k x k matrix

@@ -1,4 +1,4 @@
-"""The FedLRGD paper's smooth synthetic problems (specs/fedlrgd.md §5.2), as natural-partition sources.
+"""The FedLRGD paper's smooth synthetic problems, as natural-partition sources.
 
 Every client gets `synthetic_samples // num_clients` samples (the paper's equal s per client,
 before the test hold-out: with test_fraction 0.2, 25 generated give s = 20), features in
@@ -10,7 +10,7 @@ before the test hold-out: with test_fraction 0.2, 25 generated give s = 20), fea
   (`loss: mse` plus an ℓ2 term); its per-coordinate gradient kernel has exact rank p + 1.
 
 `SAMPLERS` draws fresh samples from the same laws: FedLRGD's server takes its own r samples there
-(specs/fedlrgd.md §1: n = m s + r; the server's data are its own, not copies of the clients').
+(the FedLRGD paper: n = m s + r; the server's data are its own, not copies of the clients').
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FZooS and the FedZO family (specs/fzoos.md): GP/RFF surrogates, zeroth-order estimators, the
+"""FZooS and the FedZO family (the FZooS paper): GP/RFF surrogates, zeroth-order estimators, the
 synthetic objectives and their sources, plots.
 
 Importing this package registers them (the `raysim.plugins` entry point `fzoos`)."""

@@ -1,4 +1,4 @@
-"""Run every zeroth-order algorithm of one task and put them on one figure (specs/fzoos.md Figs. 1, 4, 6).
+"""Run every zeroth-order algorithm of one task and put them on one figure (the FZooS paper Figs. 1, 4, 6).
 
     python -m raysim.algorithms.fzoos.compare configs/fzoos/fzoos_quadratic_c5.yaml \
         --algorithms fzoos,fedzo,zo_fedprox,zo_scaffold1,zo_scaffold2 --rounds 50 --out runs/fig1_c5

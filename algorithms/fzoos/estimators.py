@@ -1,4 +1,4 @@
-"""The finite-difference gradient estimator of eq. (3) (specs/fzoos.md §3.1, A13).
+"""The finite-difference gradient estimator of eq. (3) (the FZooS paper).
 
 Delta(x) = scale * sum_q (y(x + lambda u_q) - y(x)) / lambda * u_q with Gaussian directions
 (the paper) or Gram-Schmidt-orthonormalised unit directions (the official code). It is unbiased

@@ -1,4 +1,4 @@
-"""What every federated zeroth-order family shares (specs/fzoos.md Algo. 1, §2.5, §2.7, §9).
+"""What every federated zeroth-order family shares (the FZooS paper Algo. 1, §2.5, §2.7, §9).
 
 A communication round is one raysim round per phase: "local" (T local steps from the broadcast
 x_{r-1}, upload x_{r,T}^(i), the server averages into x_r) and, for families with a second
@@ -28,7 +28,7 @@ FLOAT_BYTES = 8
 
 
 class ZOParams(BaseModel):
-    """Settings shared by the zeroth-order families (defaults: specs/fzoos.md §2.6, App. E)."""
+    """Settings shared by the zeroth-order families (defaults: the FZooS paper's)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,4 +1,4 @@
-"""The finite-difference baselines of FZooS (specs/fzoos.md §3): FedZO and the zeroth-order forms of
+"""The finite-difference baselines of FZooS (the FZooS paper): FedZO and the zeroth-order forms of
 FedProx and SCAFFOLD (Types I and II), all instances of eq. (2) with the FD estimator of eq. (3).
 
 Every local step estimates Delta_i(x) from Q queries at x + lambda u_q and y_i(x) (the query at

@@ -1,5 +1,5 @@
 """FZooS: federated zeroth-order optimisation with trajectory-informed surrogate gradients
-(specs/fzoos.md §2, pseudocode §2.6 with every default).
+(the FZooS paper §2.6 with every default).
 
 A communication round has two phases (two synchronisations, §2.5):
 * "local": from x_{r-1}, T Adam steps on g = grad mu_i(x) (eq. (5), the GP on the K_gp history

@@ -1,4 +1,4 @@
-"""The local trajectory-informed gradient surrogate: a zero-mean GP with the SE kernel (specs/fzoos.md §2.1).
+"""The local trajectory-informed gradient surrogate: a zero-mean GP with the SE kernel (the FZooS paper).
 
 `fit` conditions on min-max-normalised targets (float64, coordinates centred on the point of
 interest for conditioning); `mean_grad` is the closed form of eq. (5), de-normalised;

@@ -1,4 +1,4 @@
-"""A client's query history (its trajectory, specs/fzoos.md §2.1): append-only, float64, nearest-K windows."""
+"""A client's query history (its trajectory, the FZooS paper): append-only, float64, nearest-K windows."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,4 @@
-"""Black-box objectives built on data and small torch models (specs/fzoos.md §5.2, §5.3, §7.4).
+"""Black-box objectives built on data and small torch models (the FZooS paper).
 
 * `MetricObjective`: f_i(u) = 1 - metric (macro precision, recall, F1 or Jaccard) of a pretrained
   classifier whose parameters are perturbed by r(2u - 1), on client i's class-skewed rows. The

@@ -1,4 +1,4 @@
-"""Federated black-box objectives F = sum_i w_i f_i on the unit box [0, 1]^d (specs/fzoos.md §1, §5).
+"""Federated black-box objectives F = sum_i w_i f_i on the unit box [0, 1]^d (the FZooS paper).
 
 Every objective maps a batch of points u (k, d) in float64 to the clients' noiseless values;
 queries add observation noise on the client side. Synthetic objectives (the quadratic of

@@ -1,5 +1,5 @@
 """The local optimiser fed with estimated gradients: Adam (lr 0.01, optax/torch defaults, state reset
-every round; specs/fzoos.md §2.3, A11) or plain gradient descent (the theory), then clipping to [0, 1]^d."""
+every round; the FZooS paper) or plain gradient descent (the theory), then clipping to [0, 1]^d."""
 from __future__ import annotations
 
 from dataclasses import dataclass

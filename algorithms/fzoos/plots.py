@@ -1,4 +1,4 @@
-"""Plots of the zeroth-order runs (specs/fzoos.md Figs. 1, 4, 6): F(x_r) (or its gap to F*) against
+"""Plots of the zeroth-order runs (the FZooS paper Figs. 1, 4, 6): F(x_r) (or its gap to F*) against
 communication rounds and against total queries, for one run (`raysim report`) or several
 algorithms on one figure (raysim.algorithms.fzoos.compare), and the per-step gradient cosine."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Random-Fourier-feature compression of a GP mean (specs/fzoos.md §2.2, eq. (6)-(7)).
+"""Random-Fourier-feature compression of a GP mean (the FZooS paper (6)-(7)).
 
 phi(x) = sqrt(2/M) cos(V x + b), V ~ N(0, I / l^2), b ~ U[0, 2 pi], drawn once from the experiment
 seed so every client and the server share them (only the seed travels). A client uploads the

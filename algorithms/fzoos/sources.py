@@ -1,4 +1,4 @@
-"""Data sources of the federated zeroth-order tasks (specs/fzoos.md §5, §7.4).
+"""Data sources of the federated zeroth-order tasks (the FZooS paper).
 
 * `blackbox`: one placeholder row per client (natural partition). The synthetic objectives
   (quadratic, Ackley, Levy; `algorithm.objective`) are generated from the experiment seed in
@@ -52,7 +52,7 @@ def covtype(cfg: DataConfig, seed: int) -> Source:
         data = fetch_covtype(download_if_missing=False)
     except OSError:
         raise DataError("data.source: 'covtype' is not in the local scikit-learn data home and is never "
-                         "downloaded here; use 'gaussian_mixture' (the stand-in of specs/fzoos.md §7.4)") from None
+                         "downloaded here; use 'gaussian_mixture' (the stand-in of the FZooS paper)") from None
     x = data.data
     x = (x - x.mean(0)) / np.where(x.std(0) > 0, x.std(0), 1.0)
     return Source(x.astype(np.float32), data.target.astype(np.int64) - 1, (x.shape[1],), 7)

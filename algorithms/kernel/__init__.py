@@ -1,4 +1,4 @@
-"""Kernel FedAvg/FedProx in an RKHS and the federation gain (specs/kernel-fedavg-fedprox.md): the
+"""Kernel FedAvg/FedProx in an RKHS and the federation gain (the kernel FedAvg/FedProx paper): the
 algorithms, kernels, regression sources, figures and plots.
 
 Importing this package registers them (the `raysim.plugins` entry point `kernel`)."""

@@ -1,4 +1,4 @@
-"""Kernel FedAvg and FedProx in an RKHS (specs/kernel-fedavg-fedprox.md §2), float64, exact.
+"""Kernel FedAvg and FedProx in an RKHS (the kernel FedAvg/FedProx paper), float64, exact.
 
 All clients take part in every round; the server sets f_t = sum_i (n_i/N) f_{i,t}, summing the
 replies in client-id order whatever order they arrive in (bitwise reproducible, not reducible).

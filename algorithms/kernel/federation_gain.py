@@ -1,4 +1,4 @@
-"""Federation gain (specs/kernel-fedavg-fedprox.md §4): empirical per-client gain and the
+"""Federation gain (the kernel FedAvg/FedProx paper): empirical per-client gain and the
 theoretical lower bounds of Theorems 5 and 6.
 
 Empirical (§4.3): FG_j = ||theta_loc_j - theta_j*|| / ||theta_FL - theta_j*||, a ratio of

@@ -1,4 +1,4 @@
-"""Figures 1-6 of Su, Xu & Yang, "A non-parametric view of FedAvg and FedProx" (specs/kernel-fedavg-fedprox.md §5).
+"""Figures 1-6 of Su, Xu & Yang, "A non-parametric view of FedAvg and FedProx" (the kernel FedAvg/FedProx paper).
 
 Run: python -m raysim.algorithms.kernel.figures FIGURE [--out DIR] [--trials T]
 (FIGURE: fig1 fig2 fig3 fig4 fig5 fig6 general)

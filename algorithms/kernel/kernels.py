@@ -1,4 +1,4 @@
-"""Kernels for the nonparametric FedAvg/FedProx family (specs/kernel-fedavg-fedprox.md §1.3, §7.1).
+"""Kernels for the nonparametric FedAvg/FedProx family (the kernel FedAvg/FedProx paper).
 
 Small frozen dataclasses, float64 throughout. Every kernel has `gram(x, z)` (the raw matrix
 k(x, z), no 1/n normalisation); the finite-rank ones also have `features(x)` with

@@ -1,4 +1,4 @@
-"""Plots of the kernel FedAvg/FedProx family (specs/kernel-fedavg-fedprox.md §5): per-run curves for
+"""Plots of the kernel FedAvg/FedProx family (the kernel FedAvg/FedProx paper): per-run curves for
 `raysim report`, and the paper's figures drawn from several runs or sweep tables
 (raysim.algorithms.kernel.figures): gradient norm and error vs round, FG vs heterogeneity, 1/MSE vs N."""
 from __future__ import annotations

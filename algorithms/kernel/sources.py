@@ -1,4 +1,4 @@
-"""Regression generators of the nonparametric FedAvg/FedProx paper (specs/kernel-fedavg-fedprox.md §5).
+"""Regression generators of the nonparametric FedAvg/FedProx paper (the kernel FedAvg/FedProx paper).
 
 Each model is a pure function `(sizes, ..., rng) -> RegressionData`: per client i its covariates
 x_i, noisy responses y_i = f_i*(x_i) + sigma xi, the noise-free truth f_i*(x_i), and, for the
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from raysim.data.config import DataConfig
 
 class RegressionOptions(BaseModel):
-    """`data.options:` of the regression generators (specs/kernel-fedavg-fedprox.md §5)."""
+    """`data.options:` of the regression generators (the kernel FedAvg/FedProx paper)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,4 +1,4 @@
-"""Iterative sketching with DP noise (specs/sketching.md): the algorithm, sketches, the privacy
+"""Iterative sketching with DP noise (the sketching paper): the algorithm, sketches, the privacy
 accountants, the gradient-leakage attack (`raysim attack`), plots.
 
 Importing this package registers them (the `raysim.plugins` entry point `sketching`)."""

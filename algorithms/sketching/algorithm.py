@@ -1,4 +1,4 @@
-"""IterativeSketchingFL (Algorithm 1) and its private form (Algorithm 2), specs/sketching.md §2.2-§2.4.
+"""IterativeSketchingFL (Algorithm 1) and its private form (Algorithm 2), the sketching paper
 
 Round t, all N clients (full participation, spec §2.6):
   client   u ← w + R_{t-1}ᵀ Δw̃^{t-1}     (de-sketch last round's broadcast into the local replica)

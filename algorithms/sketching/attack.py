@@ -1,4 +1,4 @@
-"""Gradient-leakage attack on a client's sketched upload (specs/sketching.md §4, Sec. 7 of the paper).
+"""Gradient-leakage attack on a client's sketched upload (the sketching paper).
 
 Threat model (§4.1): the attacker has hijacked one client of Algorithm 1 with K = 1. It knows the
 global model w^t, the shared sketch R_t (from the seed and round, as every client does), the

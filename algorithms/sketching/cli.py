@@ -1,4 +1,4 @@
-"""`raysim attack`: the gradient-leakage attack on sketched uploads (specs/sketching.md §4)."""
+"""`raysim attack`: the gradient-leakage attack on sketched uploads (the sketching paper)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +14,7 @@ def attack(
     config: Path = typer.Argument(..., help="attack YAML file (configs/sketching/sketch_attack.yaml)"),
     out: Path = typer.Option(Path("runs/sketch_attack"), help="folder for attack.parquet and attack.png"),
 ) -> None:
-    """Gradient-leakage attack on sketched uploads: success vs sketch size b and vs DP ε̂ (specs/sketching.md §4)."""
+    """Gradient-leakage attack on sketched uploads: success vs sketch size b and vs DP ε̂ (the sketching paper)."""
     from pydantic import ValidationError
 
     from raysim.algorithms.sketching.attack import load_attack_config, run_attack

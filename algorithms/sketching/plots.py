@@ -1,4 +1,4 @@
-"""Plots of iterative sketching (specs/sketching.md §7): error vs rounds and vs uploaded bytes per
+"""Plots of iterative sketching (the sketching paper): error vs rounds and vs uploaded bytes per
 sketch kind, the privacy accountants, and the attack's success vs sketch size b and vs ε̂."""
 from __future__ import annotations
 

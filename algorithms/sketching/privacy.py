@@ -1,4 +1,4 @@
-"""Differential privacy for PrivateIterativeSketchingFL (Algorithm 2; specs/sketching.md §5).
+"""Differential privacy for PrivateIterativeSketchingFL (Algorithm 2; the sketching paper).
 
 Calibration: the Gaussian mechanism of Lemma H.7, σ = sqrt(2 ln(1.25/δ̂)) Δ₂ / ε̂, with Δ₂ = 2C
 for per-example clipping at C under replace-one adjacency (§5.5, §8.10). Accountants over the

@@ -1,4 +1,4 @@
-"""Sketching operators R ∈ R^{b×d} for iterative sketching (specs/sketching.md §2.1, §2.5, App. D).
+"""Sketching operators R ∈ R^{b×d} for iterative sketching (the sketching paper).
 
 `make_sketch(kind, b, d, seed, round)` is a pure function of (seed, round): every client and the
 server's evaluation replica build the same R_t from the shared seed, so no matrix is ever sent.

@@ -1,4 +1,4 @@
-"""Image datasets of the FedFisher paper read from their standard on-disk formats (specs/fedfisher.md §5.1).
+"""Image datasets of the FedFisher paper read from their standard on-disk formats.
 
 Nothing is downloaded: `data.path` names a directory that holds the files (IDX for
 FashionMNIST, the CIFAR python pickles, SVHN's .mat files, CINIC-10's png folders). Each source marks

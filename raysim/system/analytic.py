@@ -1,4 +1,4 @@
-"""Closed forms and exact numerics of the latency model (specs/fedlrgd.md §2, App. B)."""
+"""Closed forms and exact numerics of the latency model (the FedLRGD paper)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Delayed-Poisson compute times (specs/fedlrgd.md §2.1): each call takes shift + Exp(rate)."""
+"""Delayed-Poisson compute times (the FedLRGD paper): each call takes shift + Exp(rate)."""
 from __future__ import annotations
 
 import numpy as np

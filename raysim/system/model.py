@@ -1,6 +1,6 @@
 """The per-round system model: sampled compute/upload times, stragglers and Definition 1's Gamma.
 
-A round runs three sequential phases (specs/fedlrgd.md §2.3, (25)): the clients' compute phase
+A round runs three sequential phases (the FedLRGD paper, (25)): the clients' compute phase
 (it ends with the slowest kept client, or at the deadline if one was missed), then the kept
 clients' uploads through the server's queue, then the server's own oracle calls (Type B).
 """

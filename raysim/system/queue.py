@@ -1,4 +1,4 @@
-"""The server's upload queue (specs/fedlrgd.md §2.2, §2.6): completion offsets of the uploads.
+"""The server's upload queue (the FedLRGD paper): completion offsets of the uploads.
 
 Sizes are per-client uploads in model-sized vectors (fractional allowed, 0 = no upload). Offsets
 are measured from the start of the communication phase, in the input order; size-0 clients get 0.

@@ -1,4 +1,4 @@
-"""Fisher information of torch classifiers: the exact diagonal and K-FAC factors (specs/fedfisher.md §2.3) with a
+"""Fisher information of torch classifiers: the exact diagonal and K-FAC factors (the FedFisher paper) with a
 diagonal for parameters outside Linear/Conv layers (§8.8), and their compression for upload (App. C, §2.5)."""
 from raysim.algorithms.fedfisher.fisher.diag import diagonal_fisher
 from raysim.algorithms.fedfisher.fisher.kfac import KFAC, KFACBlock, kfac_fisher

@@ -1,4 +1,4 @@
-"""Upload compression of App. C (specs/fedfisher.md §2.5, §8.6): uniform quantization and truncated SVD, with
+"""Upload compression of App. C (the FedFisher paper): uniform quantization and truncated SVD, with
 the bits each costs.
 
 Quantization to b bits (one sign bit, b − 1 magnitude bits, round to nearest) keeps ‖x‖_∞ as a 32-bit scale:

@@ -1,4 +1,4 @@
-"""The diagonal of the true Fisher (specs/fedfisher.md §2.3, eq. (3)), averaged over the local samples.
+"""The diagonal of the true Fisher (the FedFisher paper (3)), averaged over the local samples.
 
 [F]_kk = (1/n) sum_x sum_c p_c(x) (d log p_c(x) / dW_k)^2 (or its Monte Carlo / empirical estimate, §8.7).
 Per layer the per-sample, per-output gradient is sum_t g_t a_t^T; it is squared after the sum over locations t

@@ -1,4 +1,4 @@
-"""K-FAC (KFC for convolutions) factors of the true Fisher (specs/fedfisher.md §2.3).
+"""K-FAC (KFC for convolutions) factors of the true Fisher (the FedFisher paper).
 
 Per Linear/Conv layer: A = sqrt(C)/n sum_x sum_t a_t a_t^T and
 G = 1/(sqrt(C) n) sum_x sum_c (1/|T|) sum_t g_{c,t} g_{c,t}^T, so the layer's Fisher block is

@@ -1,4 +1,4 @@
-"""The per-layer quantities every Fisher approximation here is built from (specs/fedfisher.md §2.3).
+"""The per-layer quantities every Fisher approximation here is built from (the FedFisher paper).
 
 For a Linear or Conv layer y = W a (+ b), the gradient of any scalar o w.r.t. W is
 sum over locations of g a^T, with a the layer input (im2col patches for convolutions, a trailing 1

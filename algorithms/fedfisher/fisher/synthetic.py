@@ -1,4 +1,4 @@
-"""FedFisher's synthetic two-layer ReLU experiment (Fig. 1; specs/fedfisher.md §2.8, §3.5, §7.2), numpy float64.
+"""FedFisher's synthetic two-layer ReLU experiment (Fig. 1; the FedFisher paper), numpy float64.
 
 Model (eq. (8), §3.5): f(W, x) = Σ_r a_r ReLU(w_r·x) with fixed a_r = ±1/√m (the 1/√m folded into a) and the
 trained first layer W ∈ R^{m×p}, vectorised row-major, vec(W) = (w_1, ..., w_m). By ReLU homogeneity

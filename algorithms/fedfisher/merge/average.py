@@ -1,4 +1,4 @@
-"""One-shot FedAvg: the data-size-weighted average of the local models (specs/fedfisher.md §4.1)."""
+"""One-shot FedAvg: the data-size-weighted average of the local models (the FedFisher paper)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The FedFisher server problem (specs/fedfisher.md §1.2 eq. (6)-(7), §2.6) and its solvers.
+"""The FedFisher server problem (the FedFisher paper eq. (6)-(7), §2.6) and its solvers.
 
 Φ(W) = ½ Σ_i p_i (W − W_i)^T F_i (W − W_i), ∇Φ(W) = (Σ_i p_i F_i) W − b with b = Σ_i p_i F_i W_i.
 The minimum-distance part of (7) is implicit: the solver starts at W̄ = Σ p_i W_i and stops

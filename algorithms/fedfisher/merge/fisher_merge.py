@@ -1,4 +1,4 @@
-"""FisherMerge (Matena & Raffel 2022) as the FedFisher code runs it (specs/fedfisher.md §4.2, §2.9).
+"""FisherMerge (Matena & Raffel 2022) as the FedFisher code runs it (the FedFisher paper).
 
 W_j = sum_i p_i F_ij W_ij / sum_i p_i F_ij where that denominator exceeds `floor`, FedAvg elsewhere.
 With floor 0 this is the exact solution of the Diag FedFisher objective (7).

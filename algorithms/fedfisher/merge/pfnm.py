@@ -1,4 +1,4 @@
-"""PFNM (Yurochkin et al. 2019) as the FedFisher baseline (specs/fedfisher.md §4.5): the one-shot,
+"""PFNM (Yurochkin et al. 2019) as the FedFisher baseline (the FedFisher paper): the one-shot,
 layer-by-layer neuron matching of the FedMA code (`oneshot_matching`), with BBP-MAP per layer.
 
 Model (PFNM §3): global atoms θ_i ~ N(μ0, σ0 I); client j's neuron l is θ_i + N(0, σ I) for the atom it

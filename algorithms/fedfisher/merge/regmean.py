@@ -1,4 +1,4 @@
-"""RegMean (Jin et al. 2023) as the FedFisher code runs it (specs/fedfisher.md §4.3).
+"""RegMean (Jin et al. 2023) as the FedFisher code runs it (the FedFisher paper).
 
 Per Linear layer, with client input Grams Γ_i = (1/N) Σ a a^T (a with a trailing 1 when the layer
 has a bias): Γ̂_i = p_i(α Γ_i + (1 − α) diag Γ_i) and W = [(Σ Γ̂_i)^+ Σ Γ̂_i W_i^T]^T.
