@@ -1,4 +1,4 @@
-"""ClientActor: a shard of logical clients (raysim.shard) in its own Ray process, placed with a CPU
+"""ClientActor: a shard of logical clients (raysim.round.shard) in its own Ray process, placed with a CPU
 share or a fractional GPU (actors/placement.py); under `clock: real` a reply leaves at its sampled time."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from raysim.shard import ClientShard, ShardResult
+from raysim.round.shard import ClientShard, ShardResult
 
 
 class StateLost(RuntimeError):

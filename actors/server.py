@@ -1,4 +1,4 @@
-"""The server on Ray: runs the round engine (raysim.engine) and moves the data: starts the client
+"""The server on Ray: runs the round engine (raysim.round.engine) and moves the data: starts the client
 actors, puts each round's broadcast in the object store once, dispatches the shards, collects their
 results (in real time under `clock: real`), restarts dead actors and checkpoints.
 
@@ -16,14 +16,14 @@ from typing import Any, Callable
 import ray
 import torch
 
-from raysim import checkpoint
 from raysim.actors.client import ClientActor, StateLost
 from raysim.actors.placement import ActorResources, client_resources, client_scheduling
 from raysim.data import FederatedData
-from raysim.engine import RoundEngine, RoundPlan, shards_of
 from raysim.errors import ConfigError
-from raysim.experiment import Experiment
-from raysim.shard import ClientShard, ShardResult
+from raysim.round.engine import RoundEngine, RoundPlan, shards_of
+from raysim.round.experiment import Experiment
+from raysim.round.shard import ClientShard, ShardResult
+from raysim.storage import checkpoint
 
 RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
 INLINE_BYTES = 100_000  # broadcasts that all of a round's calls carry in fewer bytes go inline (Ray's own inline limit)

@@ -23,8 +23,8 @@ from pathlib import Path
 import ray
 
 import raysim
-from raysim import ray_session
-from raysim.memory import PeakMemory, session_processes
+from raysim.core.memory import PeakMemory, session_processes
+from raysim.runner import ray_session
 from speed import machine
 
 SAMPLES_PER_CLIENT = 10

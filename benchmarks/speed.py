@@ -4,7 +4,7 @@ Four systems run the same computation with the same seeds: raysim (Ray, client a
 shard's clients at once), a plain single-process torch loop over the clients (`sequential`), that
 loop vectorized with torch.func over the round's clients (`vectorized`, issue 17's limit), and the
 vectorized loop with raysim's own per-step kernel in place of torch.func (`stacked`,
-raysim/stacked.py: the same numbers bit for bit; what one process does with the kernel raysim's
+raysim/training/stacked.py: the same numbers bit for bit; what one process does with the kernel raysim's
 shards use). A round selects `--per-round` clients (default 100, or all when fewer), the same ones in
 every system (FedAvg's own plan); each runs 1 local epoch of minibatches of 10 at lr 0.05, drawn by
 the fedavg family's own `batch_plan` from the stream (seed, round, client, "step"), and every
@@ -44,18 +44,18 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from raysim.training import ServerState, batch_plan
 from raysim.config import ExperimentConfig, load_config
 from raysim.contract import EvalData
+from raysim.core.memory import PeakMemory
+from raysim.core.rng import SERVER, stream
 from raysim.data import build_federated, read_clients, read_table_arrays
-from raysim.experiment import make_algorithm
-from raysim.memory import PeakMemory
 from raysim.models import DTYPES, ParamSpec, build_model
-from raysim.rng import SERVER, stream
+from raysim.round.experiment import make_algorithm
+from raysim.training import ServerState, batch_plan
 
 SYSTEMS = ("raysim", "flower", "sequential", "vectorized", "stacked")
 BASE_SYSTEMS = ("raysim", "sequential", "vectorized", "stacked")  # what runs without --flower
-STEP_PURPOSE = "step"  # the stream a shard hands the client step (raysim/shard.py, ClientShard._steps)
+STEP_PURPOSE = "step"  # the stream a shard hands the client step (raysim/round/shard.py, ClientShard._steps)
 PLAIN_FEDAVG = {"server_lr": 1.0, "weighting": "samples", "theta0": "model_init", "loss": "ce", "l2": 0.0,
                 "lr_schedule": "constant", "quantizer": "none"}  # what the references implement
 SAMPLE_EVERY_S = 0.5
@@ -236,7 +236,7 @@ class Vectorized:
 
 
 class Stacked(Vectorized):
-    """The vectorized loop with raysim's own per-step kernel (raysim/stacked.py) in place of torch.func: what
+    """The vectorized loop with raysim's own per-step kernel (raysim/training/stacked.py) in place of torch.func: what
     one process does with the kernel raysim's shards use (the same numbers, bit for bit)."""
 
     def grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from raysim.rng import SERVER, stream
+from raysim.core.rng import SERVER, stream
 from raysim.system import burke_completions, compute_time
 from raysim.system.analytic import expected_compute_phase, paper_phase_estimate
 

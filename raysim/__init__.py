@@ -8,7 +8,7 @@ from typing import Any
 from raysim.callbacks import Callback, RunContext, ServerView
 from raysim.config import ConfigError, ExperimentConfig, load_config
 from raysim.contract import Algorithm, ClientData, Context, Cost, EvalData, Plan
-from raysim.distribution import installed_version
+from raysim.core.distribution import installed_version
 from raysim.plugins import register_algorithm
 from raysim.results import RunResult
 
@@ -32,7 +32,7 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
 
 def trained_model(run_dir: str | Path, best: bool = False) -> Any:
     """A finished run's trained model (an nn.Module for torch families, else {name: array}) after its newest
-    checkpoint, or after the best round kept by the best_model callback; see `raysim.export.trained_model`."""
-    from raysim.export import trained_model as _trained
+    checkpoint, or after the best round kept by the best_model callback; see `raysim.results.export.trained_model`."""
+    from raysim.results.export import trained_model as _trained
 
     return _trained(run_dir, best).model

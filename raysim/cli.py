@@ -34,7 +34,7 @@ def run(
     on a terminal, a line every 10 s otherwise; RAYSIM_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR) overrides the flags.
     SIGTERM or Ctrl-C stops after the round in flight with a checkpoint (a second one at once); exit 128+signal."""
     from raysim.errors import UserError
-    from raysim.progress import configure_logging
+    from raysim.runner.progress import configure_logging
     from raysim.runner import run as run_experiment
 
     if (config is None) == (resume is None):
@@ -71,7 +71,7 @@ def report(
         for path in make_report(run_dirs[0]):
             console.print(str(path))
         return
-    from raysim.compare import compare
+    from raysim.report.compare import compare
 
     written, skipped = compare(run_dirs, out or Path("report"), metric)
     for path in written:
@@ -88,7 +88,7 @@ def retime(
 ) -> None:
     """Re-time a run under another system model from its recorded costs, without retraining."""
     from raysim.results import RunResult
-    from raysim.retime import retime as retime_run
+    from raysim.results.retime import retime as retime_run
 
     result = retime_run(run_dir, set_ or [], out)
     before, after = RunResult.load(run_dir).rounds.iloc[-1], result.rounds.iloc[-1]
@@ -104,7 +104,7 @@ def export(
     best: bool = typer.Option(False, help="the best round kept by the best_model callback, not the newest checkpoint"),
 ) -> None:
     """Save a run's trained model: a torch state_dict for build_model of the run's model config, or arrays."""
-    from raysim.export import export as export_model
+    from raysim.results.export import export as export_model
 
     path, trained = export_model(run_dir, out, best)
     console.print(f"{path}: the model after round {trained.round}")
@@ -123,9 +123,9 @@ def sweep(
 ) -> None:
     """Run a Ray Tune search over the sweep: section (or --resume an interrupted one); one simulation per trial."""
     from raysim.errors import UserError
-    from raysim.progress import configure_logging
+    from raysim.runner.progress import configure_logging
     from raysim.sweep import run_sweep
-    from raysim.sweep_results import summary_table
+    from raysim.sweep.results import summary_table
 
     if (config is None) == (resume is None):
         raise UserError("give either CONFIG or --resume SWEEP_DIR" if config is None else

@@ -160,7 +160,7 @@ class Algorithm:
     def export(self, state: Any) -> Any:
         """The trained model of a ServerState, for `raysim export`: an `nn.Module` (torch families) or a
         {name: array} mapping (saved as .npz; nested mappings and dataclasses are flattened to dotted names, and
-        a value that is no array is refused, see `raysim.export.model_arrays`). By default the state's fields,
+        a value that is no array is refused, see `raysim.results.export.model_arrays`). By default the state's fields,
         all of them, if it is a dataclass: none is dropped, so a field the .npz cannot hold is refused rather than
         left out of the file."""
         if dataclasses.is_dataclass(state) and not isinstance(state, type) and dataclasses.fields(state):

@@ -8,11 +8,12 @@ import ray
 import torch
 from ray._private.internal_api import memory_summary
 
-from raysim import ray_session, register_algorithm
+from raysim import register_algorithm
 from raysim.algorithms.fedavg import FedAvg
 from raysim.contract import ClientData, Context
+from raysim.core.rng import SERVER, stream
 from raysim.models import ModelConfig
-from raysim.rng import SERVER, stream
+from raysim.runner import ray_session
 from raysim.training import ServerState
 
 STRAGGLERS = {  # 12 digits clients, 8 a round, 4 local steps: compute times 4 + Erlang(4) in batch units
@@ -133,7 +134,7 @@ def write_run(run_dir, rounds=150, name="synthetic", speed=1.0, metrics=("test_a
     the last (test_accuracy and test_loss as learning curves that `speed` scales, any other name = the round)."""
     import yaml
 
-    from raysim.atomic import write_parquet, write_text
+    from raysim.storage.atomic import write_parquet, write_text
 
     rng = np.random.default_rng(seed)
     rows, sim_time = [], 0.0

@@ -18,8 +18,8 @@ import torch
 
 from raysim.contract import Cost, Plan
 from raysim.plugins import register_algorithm
-from raysim.sampling import sample_clients
 from raysim.training import Broadcast, LocalSGD, ServerState
+from raysim.training.sampling import sample_clients
 
 
 @dataclass

@@ -21,18 +21,18 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call
 
-from raysim.training import ServerState, batch_plan
-from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
+from raysim.algorithms.fedfisher.dense import Generator, distill, synthesize
 from raysim.algorithms.fedfisher.fisher import curvature_layers, diagonal_fisher
 from raysim.algorithms.fedfisher.merge.average import client_weights, weighted_average
 from raysim.algorithms.fedfisher.merge.fisher_merge import fisher_merge
 from raysim.algorithms.fedfisher.merge.pfnm import PFNMPrior, pfnm, widen
 from raysim.algorithms.fedfisher.merge.regmean import input_grams, linear_layers, regmean
-from raysim.algorithms.fedfisher.dense import Generator, distill, synthesize
 from raysim.algorithms.fedfisher.otfusion import flag_grid
+from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.models import ParamSpec, initial_vector, placed_model
 from raysim.plugins import register_algorithm
-from raysim.rng import SERVER, SETUP, stream
+from raysim.training import ServerState, batch_plan
 
 
 class OneShotParams(BaseModel):

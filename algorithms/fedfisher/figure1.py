@@ -24,8 +24,8 @@ import pandas as pd  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from raysim.algorithms.fedfisher.fisher.synthetic import experiment, method_name  # noqa: E402
-from raysim.atomic import write_frame  # noqa: E402
 from raysim.report import save_figure  # noqa: E402
+from raysim.storage.atomic import write_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = (32, 128, 512, 2048)

@@ -46,7 +46,7 @@ def compare(config: str | Path | dict, methods: list[str], seeds: list[int], out
     """Run every method for every seed into out/<method>-seed<seed>/ and write out/oneshot.{parquet,md,png}."""
     from raysim.config import apply_overrides, parse_override
     from raysim.algorithms.fedfisher.plots import write_comparison
-    from raysim.atomic import write_parquet
+    from raysim.storage.atomic import write_parquet
     from raysim.runner import ensure_ray, run
     import ray
 

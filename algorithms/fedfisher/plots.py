@@ -9,7 +9,7 @@ import pandas as pd
 
 from raysim.report import register_report, save_figure
 from raysim.results import RunResult
-from raysim.atomic import write_text
+from raysim.storage.atomic import write_text
 
 ONESHOT_FAMILIES = {"oneshot_fedavg", "fisher_merge", "regmean", "fedfisher", "otfusion", "pfnm"}
 

@@ -38,11 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call, grad, vmap
 
 from raysim.algorithms.fedlrgd.sources import SAMPLERS
-from raysim.training import LossKind, sample_losses
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.models import ParamSpec, build_model, initial_vector
 from raysim.plugins import register_algorithm
-from raysim.rng import SERVER, SETUP, stream
+from raysim.training import LossKind, sample_losses
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 F64 = torch.float64

@@ -22,9 +22,9 @@ import torch
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.data import build_federated, read_table_arrays
-from raysim.experiment import make_algorithm
 from raysim.models import ParamSpec
-from raysim.atomic import atomic_write_bytes, write_text
+from raysim.round.experiment import make_algorithm
+from raysim.storage.atomic import atomic_write_bytes, write_text
 
 FEDAVG_FAMILY = ("fedavg", "fedprox")
 DEFAULT_B = (1, 5, 10, 20, 50)
@@ -125,7 +125,7 @@ def compare(configs: Sequence[str | Path], epsilons: float | tuple[float, ...], 
     `epsilons` (`gamma_over_best_fedavg` against the best FedAvg-family Γ at the same ε); writes it under `out`."""
     import ray
 
-    from raysim import ray_session
+    from raysim.runner import ray_session
     from raysim.runner import run
 
     epsilons = (epsilons,) if isinstance(epsilons, (int, float)) else tuple(epsilons)

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from raysim.core.rng import SERVER, SETUP, torch_stream
 from raysim.models import ParamSpec
-from raysim.atomic import atomic_write_bytes, write_text
-from raysim.rng import SERVER, SETUP, torch_stream
+from raysim.storage.atomic import atomic_write_bytes, write_text
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 RANK_FILE, SUMMARY_FILE = "rank.parquet", "rank.json"
@@ -122,7 +122,7 @@ def rank_run(config: str | Path, out: str | Path, k: int = 30, overrides: list[s
              num_coords: int = 500, threshold: float = 0.005) -> RankSummary:
     """Train `config` through raysim into `out`, then measure App. C's ranks at the final weights on
     the run's test set; writes rank.parquet and rank.json into `out`."""
-    from raysim import checkpoint
+    from raysim.storage import checkpoint
     from raysim.config import load_config
     from raysim.data import load_source, read_table_arrays
     from raysim.models import build_model

@@ -20,10 +20,10 @@ from typing import Callable
 import numpy as np
 
 from raysim.algorithms.fedlrgd import nets  # noqa: F401  (registers the `linear` model these problems use)
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data.config import DataConfig
 from raysim.data.sources import Source, register_source
 from raysim.errors import DataError
-from raysim.rng import SERVER, SETUP, stream
 
 
 def _per_client(cfg: DataConfig) -> int:

@@ -21,10 +21,10 @@ import ray
 import yaml
 
 import raysim
-from raysim import ray_session
-from raysim.atomic import write_text
 from raysim.algorithms.fzoos.plots import by_round, cosine_profile, plot_cosines, plot_curves, value_column
 from raysim.plugins import ALGORITHMS
+from raysim.runner import ray_session
+from raysim.storage.atomic import write_text
 
 RUNTIME_KEYS = ("rounds", "clients_per_round", "vectorize")
 FAMILY_DEFAULTS = {"fd_directions": "orthonormal"}

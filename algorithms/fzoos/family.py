@@ -18,11 +18,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from raysim.contract import Algorithm, Context, Cost, EvalData, Plan
-from raysim.sampling import sample_clients
 from raysim.algorithms.fzoos.config import ObjectiveConfig, SyntheticObjective, objective_for
 from raysim.algorithms.fzoos.model_objectives import AttackObjective
 from raysim.algorithms.fzoos.optim import LocalOptimizer
+from raysim.contract import Algorithm, Context, Cost, EvalData, Plan
+from raysim.training.sampling import sample_clients
 
 FLOAT_BYTES = 8
 

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, vmap
 
+from raysim.algorithms.fzoos.objectives import Objective
 from raysim.contract import Context
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import read_clients, read_table_arrays
 from raysim.models import ParamSpec, build_model, initial_vector
-from raysim.rng import SERVER, SETUP, stream
-from raysim.algorithms.fzoos.objectives import Objective
 
 
 @contextmanager

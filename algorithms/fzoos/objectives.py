@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from raysim.rng import SERVER, SETUP, stream
+from raysim.core.rng import SERVER, SETUP, stream
 
 
 class Objective:

@@ -15,8 +15,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from raysim.rng import SERVER, SETUP, stream
 from raysim.algorithms.fzoos.gp import normalise
+from raysim.core.rng import SERVER, SETUP, stream
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data.config import DataConfig
 from raysim.data.partition import NATURAL
 from raysim.data.sources import Source, register_source
 from raysim.errors import DataError
-from raysim.rng import SERVER, SETUP, stream
 
 MIXTURE_SEPARATION = 0.3  # std of the class means per feature; unit-variance classes overlap (~80% accuracy)
 

@@ -27,14 +27,14 @@ from threadpoolctl import threadpool_limits
 
 from raysim.algorithms.kernel.algorithm import (KernelFedAvgParams, expected_prediction_error, feature_stats,
                                       fixed_point_solver, truth_coefficients)
-from raysim.atomic import write_frame
 from raysim.config import ExperimentConfig, load_config
+from raysim.storage.atomic import write_frame
 from raysim.algorithms.kernel.sources import (RegressionOptions, client_sizes, linear_model, polynomial_grid,
                                     polynomial_model, sobolev_model, subspace_model)
 from raysim.algorithms.kernel.federation_gain import empirical_gain, gain_gaussian, local_estimator
 from raysim.algorithms.kernel.kernels import Monomial, Sobolev1
 from raysim.algorithms.kernel.plots import ROUND_METRICS, plot_gain, plot_inverse_mse, plot_panels, plot_series
-from raysim.rng import SERVER, SETUP, stream
+from raysim.core.rng import SERVER, SETUP, stream
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "kernel"
 ALGORITHMS: dict[str, tuple[Literal["fedavg", "fedprox"], int]] = {"FedAvg s=1": ("fedavg", 1), "FedAvg s=5": ("fedavg", 5), "FedAvg s=10": ("fedavg", 10),

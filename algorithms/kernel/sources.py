@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data.sources import Source, register_source
 from raysim.errors import DataError
-from raysim.rng import SERVER, SETUP, stream
 
 if TYPE_CHECKING:
     from raysim.data.config import DataConfig

@@ -24,13 +24,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.func import functional_call, grad, vmap
 
-from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plan, sample_losses
-from raysim.contract import ClientData, Cost, EvalData, Plan
-from raysim.models import initial_vector
 from raysim.algorithms.sketching.privacy import accountant_report, clip_per_example, gaussian_sigma, sensitivity
-from raysim.plugins import register_algorithm
-from raysim.rng import torch_stream
 from raysim.algorithms.sketching.sketch import Kind, Sketch, check_sketch, make_sketch
+from raysim.contract import ClientData, Cost, EvalData, Plan
+from raysim.core.rng import torch_stream
+from raysim.models import initial_vector
+from raysim.plugins import register_algorithm
+from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plan, sample_losses
 
 
 class DPParams(BaseModel):

@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.func import grad, jacrev
 
 from raysim.algorithms.sketching.privacy import gaussian_sigma
-from raysim.atomic import write_frame
-from raysim.rng import stream
 from raysim.algorithms.sketching.sketch import Kind, make_sketch
+from raysim.core.rng import stream
+from raysim.storage.atomic import write_frame
 
 F64 = torch.float64
 

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
-from raysim.rng import SERVER, stream
+from raysim.core.rng import SERVER, stream
 
 Kind = Literal["none", "gaussian", "srht", "ams", "countsketch", "sparse_i", "sparse_ii", "uniform"]
 KINDS: tuple[Kind, ...] = get_args(Kind)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 import math
 
-from raysim import checkpoint
 from raysim.callbacks.base import Callback, RunContext, ServerView
 from raysim.errors import ConfigError
-from raysim.atomic import write_text
+from raysim.storage import checkpoint
+from raysim.storage.atomic import write_text
 
 
 class MetricWatch(Callback):

@@ -12,7 +12,7 @@ import yaml
 
 from raysim.callbacks.base import Callback, RunContext, ServerView
 from raysim.callbacks.writers import scalars
-from raysim.distribution import needs_extra
+from raysim.core.distribution import needs_extra
 from raysim.errors import ConfigError
 
 

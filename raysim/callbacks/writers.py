@@ -7,8 +7,8 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, TextIO
 
-from raysim.atomic import write_text
 from raysim.callbacks.base import Callback, RunContext, ServerView
+from raysim.storage.atomic import write_text
 
 
 def scalars(row: dict) -> dict[str, float]:

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from raysim.core.field_errors import field_errors
 from raysim.data.partition import NATURAL
 from raysim.data.sources import is_natural, natural_sources
-from raysim.field_errors import field_errors
 from raysim.plugins import PARTITIONERS, SOURCES
 
 SHAPED_SOURCES = ("parquet", "huggingface")  # the sources that read data.feature_shape

@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 from raysim.data.config import DataConfig
 from raysim.data.partition import (NATURAL, apportion_rows, check_min_size, dense_index, first_per_group, inverse_permutation,
                                    natural_clients_error, partition)
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data.sources import ClientBlocks, Source, load_blocks, load_source
 from raysim.errors import DataError
-from raysim.atomic import atomic_write_bytes
-from raysim.rng import SERVER, SETUP, stream
+from raysim.storage.atomic import atomic_write_bytes
 
 ROW_GROUP_BYTES = 1 << 20
 WRITE_AHEAD = 64  # row groups queued for the writing thread (64 MB)

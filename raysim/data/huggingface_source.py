@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysim.core.distribution import needs_extra
 from raysim.data.columns import features, is_feature
 from raysim.data.sources import Source, class_indices, register_source
-from raysim.distribution import needs_extra
 from raysim.errors import DataError
 
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data.columns import features, first_non_finite, is_feature
 from raysim.data.partition import NATURAL, apportion
 from raysim.errors import DataError
 from raysim.plugins import SOURCES
-from raysim.rng import SERVER, SETUP, stream
 
 if TYPE_CHECKING:
     from raysim.data.config import DataConfig

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysim.core.distribution import needs_extra
 from raysim.data.columns import image_array, same_shape
 from raysim.data.sources import Source, class_indices, register_source
-from raysim.distribution import needs_extra
 from raysim.errors import DataError
 
 if TYPE_CHECKING:

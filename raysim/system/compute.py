@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaincinv
 
-from raysim.rng import SERVER, SETUP, stream
+from raysim.core.rng import SERVER, SETUP, stream
 
 
 def gamma_quantile(shape: np.ndarray, u: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raysim.contract import Cost
-from raysim.rng import SERVER, stream
+from raysim.core.rng import SERVER, stream
 from raysim.system.compute import compute_time, speed_factors
 from raysim.system.config import SystemConfig
 from raysim.system.queue import burke_completions, explicit_completions

@@ -193,7 +193,7 @@ def test_the_next_round_is_sent_before_this_one_is_evaluated(ray_cluster, tmp_pa
     the server evaluates round t; nothing is sent past the last round, and the rounds are a plain run's."""
     from raysim.actors.server import RoundServer
     from raysim.data import build_federated
-    from raysim.experiment import Experiment
+    from raysim.round.experiment import Experiment
 
     cfg = load_config(CFG, {"algorithm.rounds": 3})
     server = RoundServer(Experiment.of(cfg), build_federated(cfg.data, cfg.seed, tmp_path / "data").to_dict())

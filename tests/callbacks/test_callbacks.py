@@ -11,10 +11,10 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import raysim
-from raysim import checkpoint
 from raysim.callbacks import Callback
 from raysim.cli import main
 from raysim.results import reproducible
+from raysim.storage import checkpoint
 
 QUICK = str(Path(__file__).resolve().parents[2] / "configs/fedavg/quickstart.yaml")
 SMALL = {"backend": "local", "data.num_clients": 20, "algorithm.clients_per_round": 5, "algorithm.local_steps": 2}

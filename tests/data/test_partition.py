@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import PartitionConfig, partition, register_partitioner
-from raysim.plugins import PARTITIONERS
 from raysim.data.partition import apportion, apportion_rows, dense_index, dirichlet_classes
-from raysim.rng import SERVER, SETUP, stream
+from raysim.plugins import PARTITIONERS
 
 KINDS = ["iid", "dirichlet", "shards", "quantity"]
 

@@ -91,7 +91,7 @@ def test_synthetic_draws_each_client_in_turn_whatever_the_block(monkeypatch):
     stream), with blocks of one client, of a few, and of all."""
     from raysim.data import sources
     from raysim.data.partition import apportion
-    from raysim.rng import SERVER, SETUP, stream
+    from raysim.core.rng import SERVER, SETUP, stream
 
     cfg = DataConfig(source="synthetic", num_clients=40, synthetic_samples=3000, synthetic_features=7,
                      synthetic_classes=4, synthetic_alpha=1.0, synthetic_beta=1.0, partition={"kind": "natural"})
@@ -175,7 +175,7 @@ def test_the_quick_check_finds_what_the_build_would_without_reading_a_row(tmp_pa
 
 
 def test_a_missing_file_stops_a_run_before_ray_starts(tmp_path):
-    code = ("import raysim.ray_session as rs, raysim\n"
+    code = ("import raysim.runner.ray_session as rs, raysim\n"
             "starts = []\n"
             "rs.start_local = lambda *a, **k: starts.append(1)\n"
             "try:\n"

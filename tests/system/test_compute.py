@@ -6,10 +6,10 @@ import pytest
 from scipy.special import gammainc, gammaincc
 from scipy.stats import gamma as gamma_dist, kstest
 
-from raysim.rng import stream
+from raysim.core.rng import stream
 from raysim.system import compute_time, speed_factors
-from raysim.system.compute import gamma_quantile
 from raysim.system.analytic import expected_compute_phase
+from raysim.system.compute import gamma_quantile
 
 
 def _phase_draws(b: int, k: int, reps: int, seed: int, shift: float = 1.0, rate: float = 1.0) -> np.ndarray:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raysim.contract import Cost
-from raysim.rng import SERVER, stream
+from raysim.core.rng import SERVER, stream
 from raysim.system import (
     Ledger,
     SystemConfig,

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from raysim.rng import SERVER, stream
+from raysim.core.rng import SERVER, stream
 from raysim.system import burke_completions, explicit_completions, mm1_sojourn_times
 from raysim.system.analytic import expected_explicit_drain, explicit_queue_bound
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from raysim.rng import SERVER, SETUP, stream
+from raysim.core.rng import SERVER, SETUP, stream
 
 INPUT_DIM = 2
 INPUT_COV_DIAG = np.array([1.0, 2.0 ** -1.2])

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
 from raysim.algorithms.fedavg import FedAvg, FedProx
-from raysim.training import batch_plan
 from raysim.contract import ClientData, Context
+from raysim.core.rng import stream
 from raysim.models import ModelConfig, ParamSpec, build_model
-from raysim.rng import stream
+from raysim.training import batch_plan
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def test_class_metrics_are_cross_entropy_and_the_first_argmax(monkeypatch):
     """The evaluation's one-pass loss equals the float64 closed form log Σ exp z − z_y (large logits included,
     where an unshifted exp overflows), and its prediction is argmax's first maximal class on ties; chunks of
     7 rows give the very numbers of one chunk."""
-    from raysim import training
+    from raysim.training import local_sgd as training
     from raysim.training import class_metrics
 
     g = torch.Generator().manual_seed(0)

@@ -8,8 +8,8 @@ from sklearn.datasets import load_digits
 import raysim
 from raysim.algorithms.fedavg import FedAvg, Scaffold
 from raysim.contract import ClientData, Context
+from raysim.core.rng import stream
 from raysim.models import ModelConfig
-from raysim.rng import stream
 from raysim.training import batch_plan
 
 N, LR, STEPS = 4, 0.1, 3

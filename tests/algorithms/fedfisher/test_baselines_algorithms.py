@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
-from raysim.training import batch_plan
 from raysim.algorithms.fedfisher.baselines import PFNM, FisherMerge, OneShotFedAvg, RegMean
-from raysim.contract import ClientData, Context
-from raysim.models import ModelConfig, ParamSpec, build_model
 from raysim.algorithms.fedfisher.oneshot import compare, method_config
-from raysim.rng import stream
+from raysim.contract import ClientData, Context
+from raysim.core.rng import stream
+from raysim.models import ModelConfig, ParamSpec, build_model
 from raysim.runner import run
+from raysim.training import batch_plan
 
 
 def make(cls, num_clients=2, per_round=2, **params):

@@ -14,8 +14,8 @@ from raysim.algorithms.fedfisher.algorithm import FedFisher
 from raysim.algorithms.fedfisher.baselines import LocalModel
 from raysim.algorithms.fedfisher.fisher import KFAC, KFACBlock, curvature_layers
 from raysim.contract import ClientData, Context
+from raysim.core.rng import stream
 from raysim.models import ModelConfig
-from raysim.rng import stream
 
 
 def make(num_clients=1, hidden=12, **params):

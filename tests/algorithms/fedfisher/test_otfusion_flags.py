@@ -11,8 +11,8 @@ from raysim.algorithms.fedfisher.baselines import OTFusion, OneShotFedAvg
 from raysim.algorithms.fedfisher.fisher import curvature_layers
 from raysim.algorithms.fedfisher.otfusion import EPS, FLAGS, flag_grid, fuse, otfusion
 from raysim.contract import ClientData, Context
+from raysim.core.rng import stream
 from raysim.models import ModelConfig, ParamSpec, build_model
-from raysim.rng import stream
 
 WIDTHS = (12, 8, 10)  # mlp_nobias 64-12-8-10: the out-widths n_l of its three layers
 

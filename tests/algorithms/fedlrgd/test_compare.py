@@ -13,7 +13,7 @@ import raysim
 from raysim.algorithms.fedlrgd.compare import compare, newton_minimum, optimum, reach, tabulate
 from raysim.config import load_config
 from raysim.data import build_federated, read_table_arrays
-from raysim.experiment import make_algorithm
+from raysim.round.experiment import make_algorithm
 
 RIDGE = "configs/fedlrgd/fedlrgd_vs_fedavg_ridge_fedlrgd.yaml"
 LOGISTIC = ["configs/fedlrgd/fedlrgd_vs_fedavg_logistic_fedlrgd.yaml", "configs/fedlrgd/fedlrgd_vs_fedavg_logistic_fedavg.yaml"]

@@ -23,10 +23,10 @@ from raysim.algorithms.fedlrgd.algorithm import (
 )
 from raysim.config import load_config
 from raysim.contract import ClientData, Context
+from raysim.core.rng import SERVER, stream
 from raysim.data import build_federated, read_table_arrays
-from raysim.experiment import make_algorithm
 from raysim.models import ModelConfig
-from raysim.rng import SERVER, stream
+from raysim.round.experiment import make_algorithm
 from raysim.system import CommConfig, Ledger, SystemConfig, SystemModel
 
 F64 = torch.float64

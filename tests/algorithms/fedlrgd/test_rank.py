@@ -14,7 +14,7 @@ import torch
 from raysim.models import ModelConfig, ParamSpec, build_model
 from raysim.algorithms.fedlrgd.rank import (approximate_rank, cross_entropy_loss, gradient_tensor, load_cifar10, load_mnist,
                          measure_ranks, perturbed_parameters, rank_run, read_idx, summarize, train_centralized)
-from raysim.rng import torch_stream
+from raysim.core.rng import torch_stream
 
 F64 = torch.float64
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import raysim
+from raysim.algorithms.fzoos.family import ZOBroadcast
 from raysim.algorithms.fzoos.fedzo import FedZO, ZOFedProx, ZOScaffold1, ZOScaffold2
 from raysim.contract import ClientData, Context
+from raysim.core.rng import SERVER, stream
 from raysim.models import ModelConfig
-from raysim.rng import SERVER, stream
-from raysim.algorithms.fzoos.family import ZOBroadcast
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,9 +10,9 @@ from raysim.algorithms.kernel.federation_gain import (coverage_threshold, empiri
                                     local_risk_gaussian)
 from raysim.algorithms.kernel.sources import client_sizes, linear_model, rows_before_holdout
 from raysim.contract import ClientData, Context, EvalData
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import build_federated, read_clients, read_table_arrays
 from raysim.data.config import DataConfig
-from raysim.rng import SERVER, SETUP, stream
 
 ALGS = [("fedavg", 1), ("fedavg", 5), ("fedavg", 10), ("fedprox", 1)]
 

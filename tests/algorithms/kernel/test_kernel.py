@@ -8,9 +8,9 @@ from threadpoolctl import threadpool_limits
 from raysim.algorithms.kernel.algorithm import (KernelFedAvg, KernelFedProx, centralized_round, expected_prediction_error,
                                       feature_stats, fedavg_beta, fixed_point, global_gradient, global_P, kappa, local_P,
                                       minibatch_beta, minibatch_theta)
-from raysim.contract import ClientData, Context, EvalData
 from raysim.algorithms.kernel.kernels import RBF, Linear, Matern, Monomial, Sobolev1
-from raysim.rng import SERVER, stream
+from raysim.contract import ClientData, Context, EvalData
+from raysim.core.rng import SERVER, stream
 
 
 # ------------------------------------------------------------------ the spec Appendix oracle, verbatim

@@ -14,11 +14,11 @@ from sklearn.datasets import load_digits
 import raysim
 from raysim.algorithms.fedavg import FedAvg
 from raysim.algorithms.sketching.algorithm import Broadcast, IterativeSketchingFL, SketchingParams
-from raysim.contract import ClientData, Context
-from raysim.models import ModelConfig, build_model, ParamSpec
 from raysim.algorithms.sketching.privacy import gaussian_sigma
-from raysim.rng import stream
 from raysim.algorithms.sketching.sketch import make_sketch
+from raysim.contract import ClientData, Context
+from raysim.core.rng import stream
+from raysim.models import ModelConfig, build_model, ParamSpec
 
 torch.set_num_threads(1)
 SIZES = [20, 35, 50]

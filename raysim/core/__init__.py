@@ -1,0 +1,4 @@
+"""What every other part of raysim stands on and which imports nothing of raysim's own: the random streams keyed
+by (seed, round, client, purpose) that make every number reproducible (`rng`), one-line messages for invalid
+fields (`field_errors`), the installed distribution and its optional extras (`distribution`), and the summed
+memory of a run's processes that the benchmarks report (`memory`)."""

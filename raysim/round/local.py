@@ -1,0 +1,65 @@
+"""`backend: local`: a whole experiment in this process, through the same round engine and client
+shard as on Ray, for tests, debugging and notebooks. Same seed, the same numbers as `backend: ray`."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raysim.data import FederatedData
+from raysim.round.engine import RoundEngine
+from raysim.round.experiment import Experiment
+from raysim.round.shard import ClientShard
+from raysim.storage import checkpoint
+
+
+class LocalServer:
+    """The round engine and one shard holding every client, on one torch thread (as each client
+    actor of a run with one CPU per actor); `close` gives the process its thread count back."""
+
+    def __init__(self, experiment: Experiment, data: dict, run_dir: str | Path | None = None):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        self.experiment, self.data = experiment.install(), data
+        self.engine = RoundEngine(experiment, FederatedData.from_dict(data))
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.shard: ClientShard | None = None
+
+    def start(self) -> dict:
+        """Load every client's data into the one shard."""
+        t0 = time.perf_counter()
+        self.shard = ClientShard(self.experiment, self.data, list(range(self.engine.fed.num_clients)))
+        return {"backend": "local", "actors": 0, "clients_per_actor": self.engine.fed.num_clients,
+                "torch_threads": 1, "actors_s": time.perf_counter() - t0}
+
+    def resume(self, folder: str | Path) -> None:
+        """Continue from the checkpoint in `folder` (the runner's verified choice)."""
+        assert self.shard is not None, "start() first"
+        self.engine.load(Path(folder))
+        self.shard.restore(folder, [])
+
+    def run_round(self, round: int) -> tuple[dict, list[dict]]:
+        """One round: the engine's plan, the shard's steps, the engine's aggregation and rows."""
+        assert self.shard is not None, "start() first"
+        rp = self.engine.plan(round)
+        results = [self.shard.train(round, rp.client_list, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
+        out = self.engine.aggregate(rp, results)
+        saved = self.run_dir is not None and self.engine.checkpoint_due(round)
+        if saved:
+            self.checkpoint(round)
+        return self.engine.rows(rp, out, saved=saved)
+
+    def checkpoint(self, round: int) -> None:
+        """Save the server's and every client's state after `round` (the round just run), then the manifest."""
+        assert self.run_dir is not None and self.shard is not None, "checkpoints need a run directory and start()"
+        folder = checkpoint.checkpoint_dir(self.run_dir, round)
+        checkpoint.write_manifest(folder, round, {**self.engine.save(folder), **self.shard.save(folder)})
+
+    def state(self) -> Any:
+        """The algorithm's server state (callbacks see a copy)."""
+        return self.engine.state
+
+    def close(self) -> None:
+        torch.set_num_threads(self.threads)

@@ -1,0 +1,153 @@
+"""A shard of logical clients: their data and estimator state, and their steps in a round. Only
+(Reply, Cost) leaves it. The Ray client actor wraps it; the local backend calls it directly."""
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.contract import ClientData
+from raysim.core.rng import SERVER, stream
+from raysim.data import FederatedData, read_client_block
+from raysim.models import DTYPES
+from raysim.round.experiment import Experiment
+from raysim.round.reduction import Part, cover, reduce_owned
+from raysim.storage import checkpoint
+from raysim.system import SystemModel
+
+
+@dataclass
+class ShardResult:
+    """What a shard sends back for a round: per-client costs, sampled compute times and measured CPU
+    seconds, and either every client's reply or (`parts`) its blocks of the reduction tree over the
+    clients within the deadline (raysim.round.reduction)."""
+
+    clients: list[int]
+    costs: list
+    compute_times: list[float]
+    replies: list
+    cpu_seconds: list[float]
+    parts: list[Part] = field(default_factory=list)
+
+
+class ClientRows(Mapping[int, ClientData]):
+    """A shard's clients as one block of rows with offsets: one pair of tensors for all of them, and a
+    client's ClientData a view made when asked for, not a Python object per client held (10^6 clients)."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, x: torch.Tensor, y: torch.Tensor):
+        self.ids, self.offsets, self.x, self.y = ids, offsets, x, y
+
+    def __getitem__(self, client: int) -> ClientData:
+        i = int(np.searchsorted(self.ids, client))
+        if i == len(self.ids) or self.ids[i] != client:
+            raise KeyError(client)
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return ClientData(int(client), self.x[a:b], self.y[a:b])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[int]:
+        return (int(c) for c in self.ids)
+
+
+class ClientShard:
+    """The clients `clients` of an experiment, in this process."""
+
+    def __init__(self, experiment: Experiment, data: dict, clients: Sequence[int], torch_threads: int = 1,
+                 cuda_memory_fraction: float | None = None, shard: int = 0):
+        torch.set_num_threads(torch_threads)
+        device = "cpu"
+        if cuda_memory_fraction is not None and torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
+            device = "cuda"
+        clients = list(clients)
+        self.cfg = experiment.install().cfg
+        self.fed = FederatedData.from_dict(data)
+        self.algo = experiment.algorithm_for(self.fed, device)
+        dtype = DTYPES[self.cfg.model.dtype]
+        ids, offsets, x, y = read_client_block(self.fed.train_path, clients)
+        # as_tensor: the block's own arrays become the tensors (no second copy) where the dtype already fits
+        self.data = ClientRows(ids, offsets, torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, device=device))
+        self.shard, self.clients = shard, clients
+        self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
+        self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
+        self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
+
+    def warm_up(self) -> None:
+        """Run one discarded step: the process's one-time torch warm-up (about 2 s) would otherwise
+        make round 1's clients stragglers of the real clock."""
+        if self.data:
+            c = next(iter(self.data))
+            plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up"))
+            self.algo.step(self.states[c], self.data[c], plan.broadcast, stream(self.cfg.seed, 0, c, "warm_up"))
+
+    def save(self, ckpt: str | Path) -> dict[str, dict[str, Any]]:
+        """Write this shard's client states into the checkpoint folder `ckpt`; returns the file's sums."""
+        return checkpoint.save(checkpoint.dumps(self.states), checkpoint.shard_path(Path(ckpt), self.shard))
+
+    def snapshot(self) -> bytes:
+        """This shard's client states, pickled: the in-memory checkpoint that keeps a restart's replay short."""
+        return checkpoint.dumps(self.states)
+
+    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
+        """Refill client states after a restart or on resume: from checkpoint folder `ckpt`, or this
+        shard's `snapshot()` bytes (None: client_init), then re-run the logged rounds since it
+        (round, this shard's clients, broadcast) to reach the present."""
+        if isinstance(ckpt, bytes):
+            self.states = pickle.loads(ckpt)
+        else:
+            self.states = (checkpoint.client_states(Path(ckpt), self.clients) if ckpt
+                           else {c: self.algo.client_init(c) for c in self.clients})
+        for round, clients, broadcast in replay:
+            self._steps(round, clients, broadcast)
+
+    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> tuple[list, list[float]]:
+        """The clients' steps for `round` (updating their states) and the CPU seconds of each (this
+        process's); a vectorized step's time is split in proportion to oracle calls. `fail` kills
+        the process after the first step."""
+        broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
+        datas = [self.data[c] for c in clients]  # and on the local backend it is the server's own object
+        states = [self.states[c] for c in clients]
+        rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
+        if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
+            self.algo.step(states[0], datas[0], broadcast, rngs[0])
+            os._exit(1)
+        if self.cfg.algorithm.vectorize:
+            t0 = time.process_time()
+            outs = self.algo.step_many(states, datas, broadcast, rngs)
+            calls = np.array([o[2].oracle_calls for o in outs], dtype=np.float64)
+            share = calls / calls.sum() if calls.sum() > 0 else np.full(len(outs), 1 / max(len(outs), 1))
+            cpu = (share * (time.process_time() - t0)).tolist()
+        else:
+            outs, cpu = [], []
+            for s, d, r in zip(states, datas, rngs):
+                t0 = time.process_time()
+                outs.append(self.algo.step(s, d, broadcast, r))
+                cpu.append(time.process_time() - t0)
+        for c, o in zip(clients, outs):
+            self.states[c] = o[1]
+        return outs, cpu
+
+    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
+        """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
+        shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
+        outs, cpu = self._steps(round, clients, broadcast, fail)
+        replies = [o[0] for o in outs]
+        costs = [o[2] for o in outs]
+        times = self.system.client_compute_times(round, clients, costs)
+        parts: list[Part] = []
+        if reduce:
+            kept = self.system.within_deadline(times)
+            parts = reduce_owned({c: r for c, r, k in zip(clients, replies, kept) if k}, self.blocks,
+                                 lambda a, b: self.algo.reduce([a, b]))
+            replies = []
+        return ShardResult(clients, costs, times.tolist(), replies, cpu, parts)

@@ -1,0 +1,77 @@
+"""`raysim report RUN1 RUN2 ...`: one figure per shared metric with the runs overlaid against round, simulated time and Γ."""
+import numpy as np
+import pytest
+
+from raysim.cli import main
+from raysim.report.compare import overlay_figure, run_labels, shared_metrics
+from raysim.results import RunResult
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, synthetic_run):
+    """Three runs of different lengths and speeds; the third also logs `objective`."""
+    root = tmp_path_factory.mktemp("runs")
+    return [synthetic_run(root / "lr0.1", rounds=150, name="fedavg"),
+            synthetic_run(root / "lr0.3", rounds=40, name="fedavg", speed=2.0, seed=1),
+            synthetic_run(root / "fedprox-long", rounds=90, name="fedprox", speed=0.5, seed=2,
+                          metrics=("test_accuracy", "test_loss", "objective"))]
+
+
+def test_report_of_several_runs_writes_a_figure_per_shared_metric(runs, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["compare_test_accuracy.png", "compare_test_loss.png"]
+    assert all(p.stat().st_size > 20_000 for p in out.iterdir())
+    assert "skipped objective: only in fedprox-long" in printed
+    assert not [p for run in runs for p in run.glob("*.png")]  # the single-run plots are `raysim report RUN`'s
+
+
+def test_the_comparison_goes_to_report_in_the_working_directory_by_default(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(runs[0]), str(runs[1]), "--metric", "test_loss"]) == 0
+    assert [p.name for p in (tmp_path / "report").iterdir()] == ["compare_test_loss.png"]
+
+
+def test_each_panel_draws_every_run_to_its_last_evaluated_round(runs):
+    results = [RunResult.load(r) for r in runs]
+    labels = run_labels(results)
+    assert labels == ["fedavg (lr0.1)", "fedavg (lr0.3)", "fedprox-long"]
+    fig = overlay_figure("test_loss", results, labels)
+    for ax, x in zip(fig.axes, ("round", "sim_time", "gamma")):
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines] == labels
+        for line, result in zip(lines, results):
+            assert np.max(line.get_xdata()) == result.rounds[x].iloc[-1]
+            assert np.array_equal(line.get_ydata(), result.rounds["test_loss"].dropna())
+        assert ax.get_yscale() == "log"  # the loss spans two decades
+    assert overlay_figure("test_accuracy", results, labels).axes[0].get_yscale() == "linear"
+
+
+def test_metrics_in_only_some_runs_are_skipped_and_named(runs):
+    results = [RunResult.load(r) for r in runs]
+    shared, skipped = shared_metrics(results, run_labels(results))
+    assert shared == ["test_accuracy", "test_loss"]
+    assert skipped == {"objective": ["fedprox-long"]}
+
+
+def test_runs_whose_directories_read_the_same_are_named_by_path(tmp_path, synthetic_run):
+    runs = [synthetic_run(tmp_path / p / "run", rounds=12, name="fedavg") for p in ("seed0", "seed1")]
+    assert run_labels([RunResult.load(r) for r in runs]) == [f"fedavg ({r})" for r in runs]
+
+
+@pytest.mark.parametrize("args,named", [
+    (["{run}", "{not_a_run}"], "not_a_run has no rounds.parquet"),
+    (["{run}", "{other}"], "the runs share no metric column"),
+    (["{run}", "{run}", "--metric", "objective"], "--metric objective"),
+], ids=["a directory that is not a run", "no shared metric", "a metric not in every run"])
+def test_a_bad_comparison_is_one_line_and_exit_status_2_with_nothing_written(args, named, runs, tmp_path, synthetic_run,
+                                                                            capsys):
+    paths = {"run": str(runs[0]), "not_a_run": str(tmp_path / "not_a_run"),
+             "other": str(synthetic_run(tmp_path / "other", rounds=12, metrics=("objective",)))}
+    (tmp_path / "not_a_run").mkdir()
+    out = tmp_path / "cmp"
+    assert main(["report", *[paths.get(a.strip("{}"), a) for a in args], "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err, err
+    assert not out.exists()

@@ -1,0 +1,68 @@
+"""The fixed reduction tree: the same bits from any split of the clients into shards."""
+import numpy as np
+import pytest
+
+from raysim.round.reduction import cover, reduce_owned, root_size, tree_reduce
+
+
+def add(a, b):
+    return a + b  # float32 addition: not associative, so any change of order shows in the bits
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 12, 100, 1000])
+def test_cover_is_aligned_disjoint_and_exact(n):
+    rng = np.random.default_rng(n)
+    ids = sorted(rng.choice(n, size=max(1, n // 2), replace=False).tolist())
+    blocks = cover(ids, n)
+    got = [i for s, z in blocks for i in range(s, s + z)]
+    assert sorted(got) == ids and len(got) == len(set(got))
+    assert all(z & (z - 1) == 0 and s % z == 0 for s, z in blocks)  # aligned power-of-two blocks
+    if n & (n - 1) == 0:
+        assert cover(range(n), n) == [(0, n)]  # every client of a power-of-two federation: the root
+    assert n <= root_size(n) < 2 * n or n == 1
+
+
+@pytest.mark.parametrize("n, per_round", [(5, 3), (100, 10), (1000, 100), (37, 37)])
+def test_any_split_into_shards_gives_the_same_bits(n, per_round):
+    rng = np.random.default_rng(0)
+    values = {c: (rng.standard_normal(64) * 10.0 ** rng.integers(-6, 6)).astype(np.float32) for c in range(n)}
+    clients = rng.choice(n, size=per_round, replace=False).tolist()
+    replies = {c: values[c] for c in clients}
+    root = root_size(n)
+    one = tree_reduce(reduce_owned(replies, cover(range(n), n), add), 0, root, add)
+    for per_shard in (1, 2, 3, 7, n):
+        parts = []
+        for lo in range(0, n, per_shard):
+            owned = range(lo, min(n, lo + per_shard))
+            parts += reduce_owned({c: r for c, r in replies.items() if c in owned}, cover(owned, n), add)
+        np.testing.assert_array_equal(tree_reduce(parts, 0, root, add), one)
+    in_order = np.sum([replies[c] for c in sorted(clients)], axis=0, dtype=np.float32)
+    np.testing.assert_allclose(one, in_order, rtol=1e-5, atol=1e-5 * np.abs(in_order).max())
+
+
+def test_no_replies_reduce_to_nothing():
+    assert reduce_owned({}, cover(range(4), 8), add) == []
+    assert tree_reduce([], 0, 8, add) is None
+
+
+def _perfect_tree(replies: dict, start: int, size: int):
+    """The definition: the perfect binary tree over ids, a node the combination of its children with clients."""
+    if size == 1:
+        return replies.get(start)
+    left, right = _perfect_tree(replies, start, size // 2), _perfect_tree(replies, start + size // 2, size // 2)
+    return right if left is None else left if right is None else f"({left}+{right})"
+
+
+@pytest.mark.parametrize("n, per_round, per_shard", [(1, 1, 1), (37, 37, 5), (1000, 100, 300), (5000, 40, 2500)])
+def test_the_value_is_the_perfect_trees_whatever_the_parts_order(n, per_round, per_shard):
+    """With a combination that shows its shape (a bracketed sum), shard parts given in any order give the tree of
+    the definition, node for node."""
+    rng = np.random.default_rng(n)
+    replies = {int(c): str(c) for c in rng.choice(n, size=per_round, replace=False)}
+    parts = []
+    for lo in range(0, n, per_shard):
+        owned = range(lo, min(n, lo + per_shard))
+        parts += reduce_owned({c: r for c, r in replies.items() if c in owned}, cover(owned, n),
+                              lambda a, b: f"({a}+{b})")
+    rng.shuffle(parts)
+    assert tree_reduce(parts, 0, root_size(n), lambda a, b: f"({a}+{b})") == _perfect_tree(replies, 0, root_size(n))
