@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import ray
 import torch
 
@@ -283,7 +284,7 @@ class RoundServer:
         kept = [result for result, at in left if at <= cutoff][:need]
         return kept, set(refs.values()) - {r.clients[0] for r in kept}
 
-    def run_round(self, round: int) -> tuple[dict, list[dict]]:
+    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray]]:
         """One synchronized round; returns the results row and the per-client rows. Under the virtual clock
         the next round goes to the client actors before this one is evaluated: they train while this
         process evaluates and the runner writes (the same calls in the same order, so the same numbers)."""

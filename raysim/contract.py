@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from raysim.core.keys import Keys
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -33,6 +35,48 @@ class Cost:
     oracle_batches: int = 0
     upload_vectors: float = 0.0
     upload_bytes: int = 0
+
+
+@dataclass
+class Costs:
+    """The costs of several clients' steps as columns (the fields of `Cost`, one entry per client): what a round
+    books without a Python object per client."""
+
+    oracle_calls: np.ndarray
+    oracle_batches: np.ndarray
+    upload_vectors: np.ndarray
+    upload_bytes: np.ndarray
+
+    @classmethod
+    def of(cls, costs: list[Cost]) -> Costs:
+        """The columns of a list of per-client costs."""
+        return cls(np.array([c.oracle_calls for c in costs], dtype=np.int64),
+                   np.array([c.oracle_batches for c in costs], dtype=np.int64),
+                   np.array([c.upload_vectors for c in costs], dtype=np.float64),
+                   np.array([c.upload_bytes for c in costs], dtype=np.int64))
+
+    @classmethod
+    def concat(cls, parts: list[Costs]) -> Costs:
+        """Several clients' columns, one after the other."""
+        return cls(*(np.concatenate([getattr(c, f.name) for c in parts]) if parts else np.zeros(0, dtype=d)
+                     for f, d in zip(dataclasses.fields(cls), (np.int64, np.int64, np.float64, np.int64))))
+
+    def take(self, index: np.ndarray) -> Costs:
+        """The clients at `index` (an integer array or a boolean mask)."""
+        return Costs(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
+
+    def cost(self, i: int) -> Cost:
+        """Client i's cost as a `Cost`."""
+        return Cost(int(self.oracle_calls[i]), int(self.oracle_batches[i]), float(self.upload_vectors[i]),
+                    int(self.upload_bytes[i]))
+
+    def __len__(self) -> int:
+        return len(self.oracle_calls)
+
+
+def as_costs(costs: Costs | list[Cost]) -> Costs:
+    """Costs as columns, whether given as columns or as a list of per-client `Cost`s."""
+    return costs if isinstance(costs, Costs) else Costs.of(list(costs))
 
 
 @dataclass
@@ -93,6 +137,46 @@ class ClientData:
 
 
 @dataclass
+class ClientBatch:
+    """Several clients' local data in one block of rows: client `ids[i]` holds rows `starts[i]` to
+    `starts[i] + sizes[i]` of `x` and `y` (a shard's whole block: nothing is copied). A shard hands its round's
+    clients to `Algorithm.step_batch` as one of these, not as a ClientData each."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    sizes: np.ndarray
+    x: Any
+    y: Any
+
+    @classmethod
+    def of(cls, datas: list[ClientData]) -> ClientBatch:
+        """One block of the clients `datas` (their rows concatenated)."""
+        import torch
+
+        sizes = np.array([len(d) for d in datas], dtype=np.int64)
+        return cls(np.array([d.client_id for d in datas], dtype=np.int64), np.cumsum(sizes) - sizes, sizes,
+                   torch.cat([d.x for d in datas]), torch.cat([d.y for d in datas]))
+
+    def client(self, i: int) -> ClientData:
+        """Client i's data as a ClientData (a view)."""
+        a = int(self.starts[i])
+        return ClientData(int(self.ids[i]), self.x[a:a + int(self.sizes[i])], self.y[a:a + int(self.sizes[i])])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Steps:
+    """What `Algorithm.step_batch` returns for k clients: their replies stacked (one reply whose fields carry a
+    leading client axis), their new states (None: the algorithm keeps no client state) and their costs."""
+
+    replies: Any
+    states: list[Any] | None
+    costs: Costs
+
+
+@dataclass
 class EvalData:
     """What the server evaluates on: the held-out test set and (a sample of) the pooled training set."""
 
@@ -145,6 +229,14 @@ class Algorithm:
         """The step of several clients at once; families that vectorize override this."""
         return [self.step(c, d, broadcast, r) for c, d, r in zip(cstates, datas, rngs)]
 
+    def step_batch(self, cstates: list[Any] | None, batch: ClientBatch, broadcast: Any, keys: Keys) -> Steps:
+        """The step of a shard's clients as one computation, with no Python object per client: `keys` gives every
+        client's random draws at once (`keys.uniforms`), and the replies come back stacked, to be pre-reduced
+        by fieldwise sums along the fixed tree (which must equal `reduce` of two replies). `cstates` is None when
+        `client_init` gives None. Families that define it must give the numbers of `step` client by client;
+        those that do not keep the per-client form."""
+        raise NotImplementedError
+
     def reduce(self, replies: list[Any]) -> Any:
         """Pre-reduce replies inside a shard (only called when `reducible`); must be associative."""
         raise NotImplementedError
@@ -166,3 +258,15 @@ class Algorithm:
         if dataclasses.is_dataclass(state) and not isinstance(state, type) and dataclasses.fields(state):
             return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
         raise NotImplementedError(f"{type(self).__name__} defines no export of its server state")
+
+
+def batched(algorithm: Algorithm) -> bool:
+    """Whether `algorithm` steps a shard's clients through `step_batch`: it defines one, and no subclass below the
+    class that does redefines the per-client step or the reduction (whose numbers step_batch must give)."""
+    mro = type(algorithm).__mro__
+
+    def owner(name: str) -> type:
+        return next(c for c in mro if name in c.__dict__)
+
+    defined = owner("step_batch")
+    return defined is not Algorithm and all(issubclass(defined, owner(n)) for n in ("step", "step_many", "reduce"))

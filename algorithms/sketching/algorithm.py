@@ -27,10 +27,11 @@ from torch.func import functional_call, grad, vmap
 from raysim.algorithms.sketching.privacy import accountant_report, clip_per_example, gaussian_sigma, sensitivity
 from raysim.algorithms.sketching.sketch import Kind, Sketch, check_sketch, make_sketch
 from raysim.contract import ClientData, Cost, EvalData, Plan
+from raysim.core.keys import Keys
 from raysim.core.rng import torch_stream
 from raysim.models import initial_vector
 from raysim.plugins import register_algorithm
-from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plan, sample_losses
+from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plans, sample_losses
 
 
 class DPParams(BaseModel):
@@ -185,19 +186,18 @@ class IterativeSketchingFL(LocalSGD):
         for c in cstates[1:]:
             if c.round != cstates[0].round or not np.array_equal(c.params, cstates[0].params):
                 raise RuntimeError("client replicas differ: IterativeSketchingFL needs every client in every round")
-        plans = [batch_plan(len(d), p.batch_size, p.local_steps, None, r) for d, r in zip(datas, rngs)]
-        bsz, nmax = self._batch_width(plans), max(len(d) for d in datas)
+        plans = batch_plans(np.array([len(d) for d in datas]), p.batch_size, p.local_steps, None, Keys.of(rngs),
+                            self.batch_width)
+        nmax = max(len(d) for d in datas)
         on = {"device": self.device}
         x = torch.zeros((k, nmax, *datas[0].x.shape[1:]), dtype=self.dtype, **on)
         y = torch.zeros((k, nmax, *datas[0].y.shape[1:]), dtype=datas[0].y.dtype, **on)
-        idx = torch.zeros((k, p.local_steps, bsz), dtype=torch.int64, **on)
-        w = torch.zeros((k, p.local_steps, bsz), dtype=self.dtype, **on)
-        for i, (d, bp) in enumerate(zip(datas, plans)):
+        idx = torch.from_numpy(plans.idx).to(self.device)
+        w = torch.from_numpy(plans.w).to(self.device, self.dtype)
+        for i, d in enumerate(datas):
             x[i, : len(d)], y[i, : len(d)] = d.x, d.y
-            idx[i, :, : bp.idx.shape[1]] = torch.from_numpy(bp.idx)
-            w[i, :, : bp.idx.shape[1]] = torch.from_numpy(bp.w)
         if p.dp is not None:  # fresh per (client, round, step), keyed (seed, round, client, "dp")
-            sizes = np.stack([bp.w.sum(1) for bp in plans])  # [k, K]: a pass's last batch may be short
+            sizes = plans.w.sum(2)  # [k, K]: a pass's last batch may be short
             delta2 = sensitivity(p.dp.clip, sizes, p.dp.sensitivity)
             sigma = torch.as_tensor(self.noise_multiplier * delta2, dtype=self.dtype)
             noise = (sigma[..., None] * torch.stack([
@@ -217,9 +217,9 @@ class IterativeSketchingFL(LocalSGD):
         uploads = self.sketch(t).sk(scaled).cpu().numpy()
         nbytes = self.b * uploads.itemsize
         return [(WeightedDelta(uploads[i], weights[i]), replica,
-                 Cost(oracle_calls=int(bp.w.sum()), oracle_batches=p.local_steps, upload_vectors=self.b / self.d,
+                 Cost(oracle_calls=int(plans.w[i].sum()), oracle_batches=p.local_steps, upload_vectors=self.b / self.d,
                       upload_bytes=nbytes))
-                for i, bp in enumerate(plans)]
+                for i in range(k)]
 
     def aggregate(self, state: ServerState, replies: list[WeightedDelta], rng) -> tuple[ServerState, Cost]:
         """Δw̃^t = η_global · weighted mean of the sketches; the evaluation replica applies R_tᵀ Δw̃^t."""

@@ -24,9 +24,20 @@ def seed_sequence(seed: int, round: int, client: int, purpose: str) -> np.random
     return np.random.SeedSequence([int(seed), int(round) + 1, int(client) + 1, _purpose_key(purpose)])
 
 
+class KeyedGenerator(np.random.Generator):
+    """A numpy Generator that also carries its key (seed, round, client, purpose), so code handed one client's
+    generator can draw that client's counter-based numbers (raysim.core.keys) as a batch of clients would."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[int, int, int, str]):
+        super().__init__(np.random.PCG64(seed_sequence(*key)))
+        self.key = key
+
+
 def stream(seed: int, round: int, client: int, purpose: str) -> np.random.Generator:
-    """A numpy Generator for the stream (seed, round, client, purpose)."""
-    return np.random.default_rng(seed_sequence(seed, round, client, purpose))
+    """A numpy Generator for the stream (seed, round, client, purpose), carrying that key."""
+    return KeyedGenerator((int(seed), int(round), int(client), purpose))
 
 
 def torch_stream(seed: int, round: int, client: int, purpose: str) -> torch.Generator:

@@ -8,12 +8,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
 from raysim.errors import RunDirError
-from raysim.storage.atomic import read_or_refuse, write_parquet, write_text
+from raysim.storage.atomic import read_or_refuse, write_columns, write_parquet, write_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -109,7 +110,7 @@ class RunWriter:
         self.rounds: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {"status": "running"}
         self.flush_every_s = flush_every_s
-        self.pending: list[dict[str, Any]] = []  # client rows not yet written
+        self.pending: list[dict[str, np.ndarray]] = []  # client rows not yet written, a dict of columns a round
         self.written = 0  # rounds[:written] are on disk
         self.written_at = time.monotonic()
         if resume_round is not None:
@@ -129,10 +130,10 @@ class RunWriter:
             self.info = {**(json.loads(info.read_text()) if info.exists() else {}), "status": "running"}
         self.written = len(self.rounds)
 
-    def add(self, row: dict[str, Any], client_rows: list[dict[str, Any]]) -> None:
-        """Take a finished round's rows; write if the last write is `flush_every_s` old."""
+    def add(self, row: dict[str, Any], client_rows: dict[str, np.ndarray]) -> None:
+        """Take a finished round's row and its clients' rows (columns); write if the last write is `flush_every_s` old."""
         self.rounds.append(row)
-        self.pending += client_rows
+        self.pending.append(client_rows)
         if time.monotonic() - self.written_at >= self.flush_every_s:
             self.flush()
 
@@ -143,7 +144,8 @@ class RunWriter:
         if self.pending:  # before rounds.parquet: a round there has its client rows on disk
             first, last = self.rounds[self.written]["round"], self.rounds[-1]["round"]
             name = f"round-{first:06d}" + (f"-{last:06d}" if last != first else "")
-            write_parquet(self.pending, self.clients_dir / f"{name}.parquet")
+            write_columns({k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]},
+                          self.clients_dir / f"{name}.parquet")
         write_parquet(self.rounds, self.run_dir / "rounds.parquet")
         self.pending, self.written, self.written_at = [], len(self.rounds), time.monotonic()
 

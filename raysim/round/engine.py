@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.contract import Cost, EvalData, Plan
+from raysim.contract import Cost, Costs, EvalData, Plan
 from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import FederatedData, read_rows, read_table_arrays
 from raysim.models import DTYPES
@@ -54,9 +54,9 @@ class RoundPlan:
 class RoundOutcome:
     """A round after aggregation: who arrived, what they cost, who was dropped and the sampled timing."""
 
-    arrived: list[int]
-    costs: list
-    cpu: list[float]
+    arrived: np.ndarray
+    costs: Costs
+    cpu: np.ndarray
     timing: RoundTiming
     totals: dict
     late: list[int]
@@ -87,15 +87,18 @@ class RoundEngine:
     def aggregate(self, rp: RoundPlan, results: list[ShardResult], late: Set[int] = frozenset()) -> RoundOutcome:
         """Drop stragglers (unless the real clock already did), aggregate the kept replies in client
         order (or the completed reduction tree), then sample the round's timing and book it."""
-        by_client = {c: (r, i) for r in results for i, c in enumerate(r.clients)}
-        arrived = [c for c in rp.client_list if c in by_client]
-        pick = [by_client[c] for c in arrived]
-        costs = [r.costs[i] for r, i in pick]
-        times = np.array([r.compute_times[i] for r, i in pick])
-        cpu = [r.cpu_seconds[i] for r, i in pick]
-        ids = np.asarray(arrived, dtype=np.int64)
+        clients = np.concatenate([r.clients for r in results]) if results else np.zeros(0, dtype=np.int64)
+        order = np.argsort(clients, kind="stable")
+        at = np.searchsorted(clients[order], rp.clients)
+        found = at < clients.size
+        found[found] = clients[order[at[found]]] == rp.clients[found]
+        pick = order[at[found]]  # the replies' positions, in the plan's client order
+        ids = rp.clients[found].astype(np.int64)
+        costs = Costs.concat([r.costs for r in results]).take(pick)
+        times = np.concatenate([r.compute_times for r in results])[pick] if results else np.zeros(0)
+        cpu = np.concatenate([r.cpu_seconds for r in results])[pick] if results else np.zeros(0)
         if self.cfg.system.clock.mode == "real":  # what arrived in real time is kept; the rest is `late`
-            dropped = np.zeros(len(arrived), dtype=bool)
+            dropped = np.zeros(len(ids), dtype=bool)
         else:
             dropped, _ = self.system.stragglers(ids, times, rp.keep)
         # the server's own writable copies: Ray delivers a shard's arrays read-only
@@ -104,13 +107,14 @@ class RoundEngine:
                                 lambda a, b: self.algo.reduce([a, b]))
             replies = [] if total is None else [total]
         else:
-            replies = copy.deepcopy([r.replies[i] for (r, i), d in zip(pick, dropped) if not d])
+            every = [reply for r in results for reply in r.replies]
+            replies = copy.deepcopy([every[i] for i, d in zip(pick, dropped) if not d])
         rng = stream(self.cfg.seed, rp.round, SERVER, "aggregate")
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
         server_time = self.system.server_compute_time(rp.round, server_cost)
         timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped, rp.keep)
         totals = self.ledger.add(timing, costs, server_cost, rp.broadcast_bytes * len(rp.clients))
-        return RoundOutcome(arrived, costs, cpu, timing, totals, sorted(late), server_cost)
+        return RoundOutcome(ids, costs, cpu, timing, totals, sorted(late), server_cost)
 
     def checkpoint_due(self, round: int) -> bool:
         """Whether the run checkpoints after `round` (every `checkpoint.every` rounds and the last)."""
@@ -125,9 +129,9 @@ class RoundEngine:
         """Take the server's state and ledger from checkpoint `folder`."""
         self.state, self.ledger = checkpoint.load(folder / "server.pkl")
 
-    def rows(self, rp: RoundPlan, out: RoundOutcome, restarts: int = 0, saved: bool = False) -> tuple[dict, list[dict]]:
-        """Evaluate (every `eval.every` rounds and the last) and return the round's results row and
-        per-client rows."""
+    def rows(self, rp: RoundPlan, out: RoundOutcome, restarts: int = 0, saved: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+        """Evaluate (every `eval.every` rounds and the last) and return the round's results row and its
+        clients' rows as columns."""
         round, timing = rp.round, out.timing
         metrics = self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {}
         dropped = int(timing.dropped.sum())
@@ -142,22 +146,27 @@ class RoundEngine:
             "server_oracle_batches": out.server_cost.oracle_batches,
             "round_sim_time": timing.round_time,
             "round_wall_s": time.perf_counter() - rp.started,
-            "client_cpu_s": float(sum(out.cpu)),
+            "client_cpu_s": float(np.sum(out.cpu)),
             "actor_restarts": restarts,
             "checkpoint": saved,
             **metrics,
         }
-        client_rows = [
-            {"round": round, "client_id": c, "oracle_calls": cost.oracle_calls, "oracle_batches": cost.oracle_batches,
-             "upload_vectors": cost.upload_vectors,
-             "upload_bytes": 0 if d else cost.upload_bytes, "download_bytes": rp.broadcast_bytes,
-             "compute_time": float(timing.compute_time[i]),
-             "upload_time": float(timing.upload_time[i]), "finish_time": float(timing.finish_time[i]),
-             "dropped": bool(d), "cpu_s": out.cpu[i]}
-            for i, (c, cost, d) in enumerate(zip(out.arrived, out.costs, timing.dropped))
-        ] + [{"round": round, "client_id": c, "oracle_calls": 0, "oracle_batches": 0, "upload_vectors": 0.0, "upload_bytes": 0,
-              "download_bytes": rp.broadcast_bytes, "compute_time": np.nan,
-              "upload_time": 0.0, "finish_time": np.nan, "dropped": True, "cpu_s": np.nan} for c in out.late]
+        n, late = len(out.arrived), np.asarray(out.late, dtype=np.int64)
+        kept = ~timing.dropped
+        client_rows = {
+            "round": np.full(n + late.size, round, dtype=np.int64),
+            "client_id": np.concatenate([out.arrived, late]),
+            "oracle_calls": np.concatenate([out.costs.oracle_calls, np.zeros(late.size, dtype=np.int64)]),
+            "oracle_batches": np.concatenate([out.costs.oracle_batches, np.zeros(late.size, dtype=np.int64)]),
+            "upload_vectors": np.concatenate([out.costs.upload_vectors, np.zeros(late.size)]),
+            "upload_bytes": np.concatenate([np.where(kept, out.costs.upload_bytes, 0), np.zeros(late.size, dtype=np.int64)]),
+            "download_bytes": np.full(n + late.size, rp.broadcast_bytes, dtype=np.int64),
+            "compute_time": np.concatenate([timing.compute_time.astype(np.float64), np.full(late.size, np.nan)]),
+            "upload_time": np.concatenate([timing.upload_time.astype(np.float64), np.zeros(late.size)]),
+            "finish_time": np.concatenate([timing.finish_time.astype(np.float64), np.full(late.size, np.nan)]),
+            "dropped": np.concatenate([timing.dropped.astype(bool), np.ones(late.size, dtype=bool)]),
+            "cpu_s": np.concatenate([np.asarray(out.cpu, dtype=np.float64), np.full(late.size, np.nan)]),
+        }
         return row, client_rows
 
 

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from raysim.data import FederatedData
@@ -40,7 +41,7 @@ class LocalServer:
         self.engine.load(Path(folder))
         self.shard.restore(folder, [])
 
-    def run_round(self, round: int) -> tuple[dict, list[dict]]:
+    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray]]:
         """One round: the engine's plan, the shard's steps, the engine's aggregation and rows."""
         assert self.shard is not None, "start() first"
         rp = self.engine.plan(round)

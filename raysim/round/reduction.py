@@ -9,7 +9,10 @@ computes the nodes that lie wholly in its own ids; the server completes the tree
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Any, Callable, Iterable
+
+import numpy as np
 
 Part = tuple[int, int, Any]  # (start, size, value) of an aligned block
 
@@ -61,3 +64,40 @@ def reduce_owned(replies: dict[int, Any], blocks: list[tuple[int, int]], combine
     leaves = [(c, 1, r) for c, r in replies.items()]
     parts = [(s, z, tree_reduce(leaves, s, z, combine)) for s, z in blocks]
     return [p for p in parts if p[2] is not None]
+
+
+def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]]) -> list[Part]:
+    """`reduce_owned` of replies stacked along a leading client axis (a dataclass whose fields are arrays over
+    the clients `ids`) whose combine is the fieldwise sum: the same tree computed level by level for every block
+    at once, each pair added left + right as the pairwise combine adds them, so the very same bits."""
+    if not len(ids):
+        return []
+    order = np.argsort(ids, kind="stable")
+    rep = np.asarray(ids, dtype=np.int64)[order]  # a leaf id of each node, left to right
+    names = [f.name for f in dataclasses.fields(stacked)]
+    vals = {n: np.asarray(getattr(stacked, n))[order] for n in names}
+    starts = np.array([s for s, _ in blocks], dtype=np.int64)
+    sizes = np.array([z for _, z in blocks], dtype=np.int64)
+    block = np.searchsorted(starts, rep, side="right") - 1
+    limit = sizes[block]  # a node rises no higher than its owned block
+    level = 0
+    while rep.size > 1 and (2 << level) <= limit.max():
+        parent = rep >> (level + 1)
+        pair = (parent[:-1] == parent[1:]) & ((2 << level) <= limit[:-1])
+        left = np.flatnonzero(pair)
+        if left.size:
+            keep = np.ones(rep.size, dtype=bool)
+            keep[left + 1] = False
+            for n in names:
+                v = vals[n]
+                v[left] = v[left] + v[left + 1]
+                vals[n] = v[keep]
+            rep, block, limit = rep[keep], block[keep], limit[keep]
+        level += 1
+    return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][i]) for n in names}))
+            for i, b in enumerate(block)]
+
+
+def _scalar(v: Any) -> Any:
+    """A numpy scalar as the Python number a pairwise combine of Python floats would give; arrays unchanged."""
+    return v.item() if isinstance(v, np.generic) else v

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import pickle
 import time
@@ -14,27 +15,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.contract import ClientData
+from raysim.contract import ClientBatch, ClientData, Costs, Steps, batched
+from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
 from raysim.data import FederatedData, read_client_block
 from raysim.models import DTYPES
 from raysim.round.experiment import Experiment
-from raysim.round.reduction import Part, cover, reduce_owned
+from raysim.round.reduction import Part, cover, reduce_owned, reduce_stacked
 from raysim.storage import checkpoint
 from raysim.system import SystemModel
 
 
 @dataclass
 class ShardResult:
-    """What a shard sends back for a round: per-client costs, sampled compute times and measured CPU
-    seconds, and either every client's reply or (`parts`) its blocks of the reduction tree over the
-    clients within the deadline (raysim.round.reduction)."""
+    """What a shard sends back for a round, as columns over its clients: costs, sampled compute times and
+    measured CPU seconds, and either every client's reply or (`parts`) its blocks of the reduction tree over
+    the clients within the deadline (raysim.round.reduction)."""
 
-    clients: list[int]
-    costs: list
-    compute_times: list[float]
+    clients: np.ndarray
+    costs: Costs
+    compute_times: np.ndarray
     replies: list
-    cpu_seconds: list[float]
+    cpu_seconds: np.ndarray
     parts: list[Part] = field(default_factory=list)
 
 
@@ -58,6 +60,14 @@ class ClientRows(Mapping[int, ClientData]):
     def __iter__(self) -> Iterator[int]:
         return (int(c) for c in self.ids)
 
+    def batch(self, clients: np.ndarray) -> ClientBatch:
+        """The clients `clients` as one ClientBatch over this block (no rows copied)."""
+        i = np.searchsorted(self.ids, clients)
+        if np.any(i >= len(self.ids)) or np.any(self.ids[np.minimum(i, len(self.ids) - 1)] != clients):
+            raise KeyError(f"clients not in this shard: {np.setdiff1d(clients, self.ids)[:5].tolist()}")
+        return ClientBatch(np.asarray(clients, dtype=np.int64), self.offsets[i], self.offsets[i + 1] - self.offsets[i],
+                           self.x, self.y)
+
 
 class ClientShard:
     """The clients `clients` of an experiment, in this process."""
@@ -79,6 +89,7 @@ class ClientShard:
         self.data = ClientRows(ids, offsets, torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, device=device))
         self.shard, self.clients = shard, clients
         self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
+        self.batched = batched(self.algo)
         self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
@@ -110,44 +121,76 @@ class ClientShard:
         for round, clients, broadcast in replay:
             self._steps(round, clients, broadcast)
 
-    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> tuple[list, list[float]]:
-        """The clients' steps for `round` (updating their states) and the CPU seconds of each (this
-        process's); a vectorized step's time is split in proportion to oracle calls. `fail` kills
-        the process after the first step."""
+    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> tuple[Steps, np.ndarray]:
+        """The clients' steps for `round` (updating their states) as columns, and the CPU seconds of each (this
+        process's); a batched step's time is split in proportion to oracle calls. `fail` kills the process
+        after the first client's step."""
         broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
-        datas = [self.data[c] for c in clients]  # and on the local backend it is the server's own object
-        states = [self.states[c] for c in clients]
-        rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
+        ids = np.asarray(clients, dtype=np.int64)  # and on the local backend it is the server's own object
         if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
-            self.algo.step(states[0], datas[0], broadcast, rngs[0])
+            self.algo.step(self.states[int(ids[0])], self.data[int(ids[0])], broadcast, stream(self.cfg.seed, round, int(ids[0]), "step"))
             os._exit(1)
-        if self.cfg.algorithm.vectorize:
-            t0 = time.process_time()
-            outs = self.algo.step_many(states, datas, broadcast, rngs)
-            calls = np.array([o[2].oracle_calls for o in outs], dtype=np.float64)
-            share = calls / calls.sum() if calls.sum() > 0 else np.full(len(outs), 1 / max(len(outs), 1))
-            cpu = (share * (time.process_time() - t0)).tolist()
+        t0 = time.process_time()
+        if self.cfg.algorithm.vectorize and self.batched:
+            out = self.algo.step_batch([self.states[c] for c in clients], self.data.batch(ids), broadcast, Keys(self.cfg.seed, round, ids, "step"))
+            cpu = _shares(out.costs.oracle_calls, time.process_time() - t0)
         else:
-            outs, cpu = [], []
-            for s, d, r in zip(states, datas, rngs):
-                t0 = time.process_time()
-                outs.append(self.algo.step(s, d, broadcast, r))
-                cpu.append(time.process_time() - t0)
-        for c, o in zip(clients, outs):
-            self.states[c] = o[1]
-        return outs, cpu
+            datas = [self.data[c] for c in clients]
+            states = [self.states[c] for c in clients]
+            rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
+            if self.cfg.algorithm.vectorize:
+                outs = self.algo.step_many(states, datas, broadcast, rngs)
+                cpu = _shares(np.array([o[2].oracle_calls for o in outs], dtype=np.float64), time.process_time() - t0)
+            else:
+                outs, times = [], []
+                for s, d, r in zip(states, datas, rngs):
+                    t1 = time.process_time()
+                    outs.append(self.algo.step(s, d, broadcast, r))
+                    times.append(time.process_time() - t1)
+                cpu = np.array(times)
+            out = Steps([o[0] for o in outs], [o[1] for o in outs], Costs.of([o[2] for o in outs]))
+        if out.states is not None:
+            for c, s in zip(clients, out.states):
+                self.states[c] = s
+        return out, cpu
 
     def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
         """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
-        outs, cpu = self._steps(round, clients, broadcast, fail)
-        replies = [o[0] for o in outs]
-        costs = [o[2] for o in outs]
-        times = self.system.client_compute_times(round, clients, costs)
+        ids = np.asarray(clients, dtype=np.int64)
+        out, cpu = self._steps(round, clients, broadcast, fail)
+        times = self.system.client_compute_times(round, ids, out.costs)
+        stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
+        replies: list = []
         if reduce:
             kept = self.system.within_deadline(times)
-            parts = reduce_owned({c: r for c, r, k in zip(clients, replies, kept) if k}, self.blocks,
-                                 lambda a, b: self.algo.reduce([a, b]))
-            replies = []
-        return ShardResult(clients, costs, times.tolist(), replies, cpu, parts)
+            if stacked:
+                parts = reduce_stacked(ids[kept], _rows(out.replies, kept), self.blocks)
+            else:
+                parts = reduce_owned({c: r for c, r, k in zip(clients, out.replies, kept) if k}, self.blocks,
+                                     lambda a, b: self.algo.reduce([a, b]))
+        else:
+            replies = unstack(out.replies, len(ids)) if stacked else out.replies
+        return ShardResult(ids, out.costs, times, replies, cpu, parts)
+
+
+def _shares(calls: np.ndarray, seconds: float) -> np.ndarray:
+    """`seconds` split over clients in proportion to their oracle calls (evenly when none made any)."""
+    calls = np.asarray(calls, dtype=np.float64)
+    return calls * (seconds / calls.sum()) if calls.sum() > 0 else np.full(len(calls), seconds / max(len(calls), 1))
+
+
+def _rows(stacked: Any, index: np.ndarray) -> Any:
+    """The rows `index` of a stacked reply (every field's leading client axis)."""
+    return type(stacked)(**{f.name: getattr(stacked, f.name)[index] for f in dataclasses.fields(stacked)})
+
+
+def unstack(stacked: Any, k: int) -> list:
+    """A stacked reply as k per-client replies."""
+    return [type(stacked)(**{f.name: _item(getattr(stacked, f.name)[i]) for f in dataclasses.fields(stacked)})
+            for i in range(k)]
+
+
+def _item(v: Any) -> Any:
+    return v.item() if isinstance(v, np.ndarray) and v.ndim == 0 or isinstance(v, np.generic) else v

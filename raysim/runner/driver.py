@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import ray
 
 from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
@@ -66,7 +67,7 @@ class RemoteServer:
     def checkpoint(self, round: int) -> None:
         ray.get(self.actor.checkpoint.remote(round))
 
-    def run_round(self, round: int) -> tuple[dict, list[dict]]:
+    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray]]:
         return ray.get(self.actor.run_round.remote(round))
 
     def state(self) -> Any:

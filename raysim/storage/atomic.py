@@ -38,6 +38,12 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
 
 
+def write_columns(columns: dict[str, Any], path: Path) -> None:
+    """Columns (name: array, all of one length) as a Parquet table, atomically."""
+    table = pa.table(columns)
+    atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
+
+
 def write_frame(frame: Any, path: Path) -> None:
     """A pandas DataFrame as Parquet (its index kept as pandas does), atomically."""
     atomic_write_bytes(path, lambda tmp: frame.to_parquet(tmp))

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from raysim.contract import Cost
+import numpy as np
+
+from raysim.contract import Cost, Costs, as_costs
 from raysim.system.model import RoundTiming
 
 
@@ -19,12 +21,13 @@ class Ledger:
     upload_bytes: int = 0
     download_bytes: int = 0
 
-    def add(self, timing: RoundTiming, costs: list[Cost], server_cost: Cost, download_bytes: int = 0) -> dict:
+    def add(self, timing: RoundTiming, costs: Costs | list[Cost], server_cost: Cost, download_bytes: int = 0) -> dict:
         """Add one round (uploaded bytes of kept clients only, `download_bytes` of the round's
         broadcasts) and return the cumulative values."""
         self.gamma += timing.gamma
         self.sim_time += timing.round_time
-        self.oracle_calls += sum(c.oracle_calls for c in costs) + server_cost.oracle_calls
-        self.upload_bytes += sum(c.upload_bytes for c, d in zip(costs, timing.dropped) if not d)
+        costs = as_costs(costs)
+        self.oracle_calls += int(costs.oracle_calls.sum()) + server_cost.oracle_calls
+        self.upload_bytes += int(costs.upload_bytes[~np.asarray(timing.dropped, dtype=bool)[:len(costs)]].sum()) if len(costs) else 0
         self.download_bytes += download_bytes
         return asdict(self)

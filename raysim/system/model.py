@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.contract import Cost
+from raysim.contract import Cost, Costs, as_costs
 from raysim.core.rng import SERVER, stream
 from raysim.system.compute import compute_time, speed_factors
 from raysim.system.config import SystemConfig
@@ -54,7 +54,11 @@ class SystemModel:
         """Oracle calls of a cost in the configured unit: per-sample calls or minibatch steps."""
         return cost.oracle_calls if self.cfg.compute.unit == "sample" else cost.oracle_batches
 
-    def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: list[Cost]) -> np.ndarray:
+    def calls_of(self, costs: Costs) -> np.ndarray:
+        """Every client's oracle calls in the configured unit (`calls` of each)."""
+        return costs.oracle_calls if self.cfg.compute.unit == "sample" else costs.oracle_batches
+
+    def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: Costs | list[Cost]) -> np.ndarray:
         """The clients' compute times b*shift + Erlang(b, rate) over their speed factors (§2.1).
 
         Client c's Erlang draw is the quantile of the c-th uniform of the round's stream (only the prefix
@@ -64,7 +68,7 @@ class SystemModel:
         c = self.cfg.compute
         idx = np.asarray(clients, dtype=np.int64)
         u = stream(self.seed, round, SERVER, "client_compute").random(int(idx.max()) + 1 if idx.size else 0)
-        calls = np.array([self.calls(k) for k in costs], dtype=float)
+        calls = self.calls_of(as_costs(costs)).astype(float)
         return np.atleast_1d(compute_time(calls, u[idx], c.shift, c.rate, self.speed[idx]))
 
     def server_compute_time(self, round: int, cost: Cost) -> float:
@@ -108,7 +112,7 @@ class SystemModel:
         round: int,
         clients: np.ndarray,
         compute_times: np.ndarray,
-        costs: list[Cost],
+        costs: Costs | list[Cost],
         server_cost: Cost,
         server_time: float,
         dropped: np.ndarray,
@@ -123,7 +127,8 @@ class SystemModel:
         comm = self.cfg.comm
         times = np.asarray(compute_times, dtype=float)
         dropped = np.asarray(dropped, dtype=bool)
-        sizes = np.array([0.0 if d else c.upload_vectors for c, d in zip(costs, dropped)])
+        costs = as_costs(costs)
+        sizes = np.where(dropped, 0.0, costs.upload_vectors) if len(costs) else np.zeros(0)
         rng = stream(self.seed, round, SERVER, "upload")
         if comm.mode == "burke":
             upload = burke_completions(sizes, comm.phi, rng)
@@ -132,7 +137,7 @@ class SystemModel:
         compute_phase = self._compute_phase_end(times, dropped, keep)
         comm_phase = float(upload.max()) if upload.size else 0.0
         finish = np.where(sizes > 0, compute_phase + upload, times)
-        b_t = max((self.calls(c) for c in costs), default=0) + self.calls(server_cost)
+        b_t = (int(self.calls_of(costs).max()) if len(costs) else 0) + self.calls(server_cost)
         return RoundTiming(
             compute_time=times,
             upload_time=upload,

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.func import functional_call, grad, vmap
-from torch.nn.utils.rnn import pad_sequence
 
-from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
+from raysim.contract import Algorithm, ClientBatch, ClientData, Cost, Costs, EvalData, Plan, Steps
+from raysim.core.keys import Keys
 from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
 from raysim.training.sampling import sample_clients
@@ -69,16 +69,20 @@ def squared_norm(params: dict[str, torch.Tensor]) -> torch.Tensor:
     return cast(torch.Tensor, sum((p * p).sum() for p in params.values()))  # never empty: not sum's start 0
 
 
-def qsgd(v: np.ndarray, levels: int, rng: np.random.Generator) -> np.ndarray:
-    """QSGD's unbiased stochastic quantizer with `levels` = s levels (FedPAQ, spec §4.1):
-    Q(v)_i = ‖v‖ sign(v_i) ξ_i, ξ_i = (l+1)/s with probability s|v_i|/‖v‖ − l, else l/s, l = ⌊s|v_i|/‖v‖⌋."""
-    norm = float(np.linalg.norm(v))
-    if norm == 0.0:
-        return np.zeros_like(v)
-    scaled = np.abs(v) * (levels / norm)
+def qsgd_rows(v: np.ndarray, levels: int, u: np.ndarray) -> np.ndarray:
+    """QSGD's unbiased stochastic quantizer with `levels` = s levels (FedPAQ, the FedLRGD paper §4.1), of every
+    row of v [k, d] with uniforms u [k, d]: Q(v)_i = ‖v‖ sign(v_i) ξ_i, ξ_i = (l+1)/s with probability
+    s|v_i|/‖v‖ − l, else l/s, l = ⌊s|v_i|/‖v‖⌋; a zero row stays zero."""
+    norm = np.sqrt(np.einsum("kd,kd->k", v, v, dtype=np.float64))[:, None]
+    scaled = np.abs(v) * np.divide(levels, norm, out=np.zeros_like(norm), where=norm > 0)
     low = np.floor(scaled)
-    xi = (low + (rng.random(v.shape) < scaled - low)) / levels
+    xi = (low + (u < scaled - low)) / levels
     return (norm * np.sign(v) * xi).astype(v.dtype)
+
+
+def qsgd(v: np.ndarray, levels: int, rng: np.random.Generator) -> np.ndarray:
+    """`qsgd_rows` of one vector, its uniforms drawn from `rng`."""
+    return qsgd_rows(v[None], levels, rng.random((1, v.size)))[0]
 
 
 def qsgd_bytes(p: int, levels: int) -> int:
@@ -161,40 +165,72 @@ class Broadcast:
 
 @dataclass
 class WeightedDelta:
-    """A client's upload: weight·(θ_c − θ_g) and the weight; summing two is a valid shard pre-reduction."""
+    """A client's upload: weight·(θ_c − θ_g) and the weight; summing two is a valid shard pre-reduction. Stacked
+    (a batch's replies from `step_batch`), total is [k, d] and weight [k]."""
 
     total: np.ndarray
-    weight: float
+    weight: Any
 
 
 @dataclass
 class BatchPlan:
-    """Index and weight of every sample of every local step; weight 0 pads a short batch."""
+    """Index and weight of every sample of every local step ([steps, batch], or [clients, steps, batch]);
+    weight 0 pads a short batch."""
 
-    idx: np.ndarray  # [steps, batch] int64
-    w: np.ndarray  # [steps, batch] 0/1
+    idx: np.ndarray
+    w: np.ndarray
+
+
+def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | None, local_epochs: int | None,
+                keys: Keys, width: int | None = None) -> BatchPlan:
+    """Every client's minibatches at once: without replacement within each pass over its data, a fresh uniformly
+    random permutation per pass (the order of its keyed uniforms). idx and w are [k, steps, width]: client i's
+    step s takes samples idx[i, s] where w[i, s] is 1; padding (a short last batch, a client with fewer steps, a
+    width beyond its batch) has weight 0. A client's plan is a function of its key, its size and the settings
+    only, not of which clients share the call (`width`, at least the largest batch among them, only pads)."""
+    n = np.asarray(sizes, dtype=np.int64)
+    b = n if batch_size is None else np.minimum(batch_size, n)
+    per_epoch = -(-n // b)
+    if local_steps is not None:
+        steps = np.full(n.size, local_steps, dtype=np.int64)
+    else:
+        assert local_epochs is not None, "batch_plans needs local_steps or local_epochs"
+        steps = local_epochs * per_epoch
+    epochs = -(-steps // per_epoch)  # passes begun
+    width = max(int(b.max()), width or 0)
+    idx = np.zeros((n.size, int(steps.max()), width), dtype=np.int64)
+    w = np.zeros(idx.shape)
+    bucket = np.ceil(np.log2(n)).astype(np.int64)  # clients of like size together: a pass pads to at most twice n
+    for level in np.unique(bucket):
+        sel = np.flatnonzero(bucket == level)
+        sub = Keys(keys.seed, keys.round, keys.clients[sel], keys.purpose)
+        idx[sel], w[sel] = _plans_of(n[sel], b[sel], per_epoch[sel], steps[sel], epochs[sel], sub, idx.shape[1], width)
+    return BatchPlan(idx, w)
+
+
+def _plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,
+              keys: Keys, S: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_plans` of clients of like size ([k, S, width]): every pass's permutation sorts that pass's n keyed
+    uniforms."""
+    E, N = int(epochs.max()), int(n.max())
+    u = keys.uniforms(int((epochs * n).max()))  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
+    e_ax, j_ax = np.arange(E)[:, None], np.arange(N)[None, :]
+    draw = np.minimum(e_ax * n[:, None, None] + j_ax, u.shape[1] - 1)
+    sort_keys = np.where(j_ax < n[:, None, None], np.take_along_axis(u, draw.reshape(n.size, -1), 1).reshape(draw.shape), 2.0)
+    perm = np.argsort(sort_keys, axis=2, kind="stable")  # [k, E, N]: each pass's permutation, padding last
+    s_ax, t_ax = np.arange(S)[None, :, None], np.arange(width)[None, None, :]
+    epoch, chunk = np.divmod(s_ax, per_epoch[:, None, None])
+    pos = chunk * b[:, None, None] + t_ax  # [k, S, width]
+    valid = (t_ax < b[:, None, None]) & (pos < n[:, None, None]) & (s_ax < steps[:, None, None])
+    rows = np.arange(n.size)[:, None, None]
+    return np.where(valid, perm[rows, np.minimum(epoch, E - 1), np.minimum(pos, N - 1)], 0), valid.astype(np.float64)
 
 
 def batch_plan(n: int, batch_size: int | None, local_steps: int | None, local_epochs: int | None,
                rng: np.random.Generator) -> BatchPlan:
-    """Minibatches without replacement within each pass over the data (a fresh permutation per pass)."""
-    b = n if batch_size is None else min(batch_size, n)
-    per_epoch = math.ceil(n / b)
-    if local_steps is not None:
-        steps = local_steps
-    else:
-        assert local_epochs is not None, "batch_plan needs local_steps or local_epochs"
-        steps = local_epochs * per_epoch
-    idx = np.zeros((steps, b), dtype=np.int64)
-    w = np.zeros((steps, b))
-    for s in range(steps):
-        e, j = divmod(s, per_epoch)
-        if j == 0:
-            perm = rng.permutation(n)
-        chunk = perm[j * b : (j + 1) * b]
-        idx[s, : len(chunk)] = chunk
-        w[s, : len(chunk)] = 1.0
-    return BatchPlan(idx, w)
+    """One client's minibatches ([steps, batch]) from its generator's key: the very plan `batch_plans` gives it."""
+    bp = batch_plans(np.array([n]), batch_size, local_steps, local_epochs, Keys.of([rng]))
+    return BatchPlan(bp.idx[0], bp.w[0])
 
 
 class LocalSGD(Algorithm):
@@ -254,81 +290,84 @@ class LocalSGD(Algorithm):
             raise ValueError(f"fedavg: lr_schedule {self.params.lr_schedule!r} needs a Broadcast with the round's lr")
         return torch.tensor(theta, dtype=self.dtype, device=self.device), lr
 
-    def _plan_for(self, data: ClientData, rng: np.random.Generator) -> BatchPlan:
+    def _plans(self, sizes: np.ndarray, keys: Keys, width: int | None = None) -> BatchPlan:
         p = self.params
-        return batch_plan(len(data), p.batch_size, p.local_steps, p.local_epochs, rng)
+        return batch_plans(sizes, p.batch_size, p.local_steps, p.local_epochs, keys, width)
 
-    def _reply(self, delta: np.ndarray, data: ClientData, bp: BatchPlan, rng: np.random.Generator) -> tuple:
-        """The weighted upload Q(Δ) of a client's Δ = θ_c − θ_g; QSGD draws from the client's rng after its batch plan."""
+    def _uploads(self, deltas: np.ndarray, sizes: np.ndarray, plans: BatchPlan, keys: Keys) -> tuple[WeightedDelta, Costs]:
+        """The weighted uploads Q(Δ) of the clients' Δ = θ_c − θ_g [k, d] (QSGD's uniforms keyed "qsgd") and costs."""
         p = self.params
-        weight = float(len(data)) if p.weighting == "samples" else 1.0
-        nbytes = delta.nbytes
+        weights = sizes.astype(np.float64) if p.weighting == "samples" else np.ones(len(sizes))
+        nbytes = deltas.shape[1] * deltas.itemsize
         if p.quantizer == "qsgd":
-            delta = qsgd(delta, p.levels, rng)
-            nbytes = qsgd_bytes(delta.size, p.levels)
-        cost = Cost(oracle_calls=int(bp.w.sum()), oracle_batches=len(bp.w), upload_vectors=nbytes / delta.nbytes,
-                    upload_bytes=nbytes)
-        return WeightedDelta(weight * delta, weight), None, cost
+            deltas = qsgd_rows(deltas, p.levels, keys.uniforms(deltas.shape[1], "qsgd"))
+            nbytes = qsgd_bytes(deltas.shape[1], p.levels)
+        k = len(sizes)
+        costs = Costs(plans.w.sum((1, 2)).astype(np.int64), plans.w.any(2).sum(1).astype(np.int64),
+                      np.full(k, nbytes / (deltas.shape[1] * deltas.itemsize)), np.full(k, nbytes, dtype=np.int64))
+        return WeightedDelta(weights.astype(deltas.dtype)[:, None] * deltas, weights), costs
 
     def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
-        """The per-client reference: local SGD on one client, one step at a time."""
+        """The per-client reference: local SGD on one client, one step at a time (the plan `step_batch` gives it)."""
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.clone()[None]
-        bp = self._plan_for(data, rng)
-        idx = torch.from_numpy(bp.idx).to(self.device)
-        w = torch.from_numpy(bp.w).to(self.device, self.dtype)
+        keys = Keys.of([rng])
+        sizes = np.array([len(data)])
+        bp = self._plans(sizes, keys)
+        idx = torch.from_numpy(bp.idx[0]).to(self.device)
+        w = torch.from_numpy(bp.w[0]).to(self.device, self.dtype)
         opt, one = self.params.local_optimizer.start(theta), torch.ones((1, 1), dtype=self.dtype, device=self.device)
         correction = self.correction([cstate], broadcast)
-        for s in range(len(bp.idx)):
+        for s in range(bp.idx.shape[1]):
             g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
             g = (g + self.mu * (theta[0] - theta_g))[None]
             opt.step(theta, g if correction is None else g + correction, lr, one)
-        return self._reply((theta[0] - theta_g).cpu().numpy(), data, bp, rng)
+        reply, costs = self._uploads((theta - theta_g).cpu().numpy(), sizes, bp, keys)
+        return WeightedDelta(reply.total[0], float(reply.weight[0])), None, costs.cost(0)
 
     def correction(self, cstates: list, broadcast) -> torch.Tensor | None:
         """A fixed term [k, d] added to every local gradient of the round's clients (SCAFFOLD's c − c_i); None here."""
         return None
 
-    def _batch_width(self, plans: list[BatchPlan]) -> int:
-        """The padded minibatch width of a vectorized step: the batch size, or the largest client's size
-        under full batches (`batch_width`). The same in every shard, so a client's sums run over the
-        same width (and give the same bits) whichever clients share its shard."""
-        return max(self.batch_width, *(p.idx.shape[1] for p in plans))
-
-    def step_many(self, cstates: list[Any], datas: list[ClientData], broadcast: Any,
-                  rngs: list[np.random.Generator]) -> list[tuple[Any, Any, Cost]]:
-        """All clients of a shard at once: stacked parameters, vmap of the per-sample-batch gradient
-        (also for one client, so a client's numbers do not depend on how many share its shard)."""
-        if not datas:
-            return []
-        k = len(datas)
-        plans = [self._plan_for(d, r) for d, r in zip(datas, rngs)]
-        steps = max(len(p.idx) for p in plans)
-        bsz = self._batch_width(plans)
-        idx_np = np.zeros((k, steps, bsz), dtype=np.int64)  # numpy: a slice assignment costs ~1 µs, torch's ~5 µs
-        w_np = np.zeros((k, steps, bsz))
-        for i, p in enumerate(plans):
-            s, b = p.idx.shape
-            idx_np[i, :s, :b], w_np[i, :s, :b] = p.idx, p.w
-        x = pad_sequence([d.x for d in datas], batch_first=True)
-        y = pad_sequence([d.y for d in datas], batch_first=True)
-        idx = torch.from_numpy(idx_np).to(self.device)
-        w = torch.from_numpy(w_np).to(self.device, self.dtype)
+    def _train(self, cstates: list | None, batch: ClientBatch, plans: BatchPlan, broadcast: Any) -> np.ndarray:
+        """Local SGD of all the batch's clients at once over stacked parameters; their Δ = θ_c − θ_g [k, d]."""
+        k = len(batch)
+        base = torch.from_numpy(batch.starts[:, None]).to(self.device)
+        idx = torch.from_numpy(plans.idx).to(self.device) + base[:, :, None]  # rows of the batch's block
+        w = torch.from_numpy(plans.w).to(self.device, self.dtype)
         active = (w.sum(2, keepdim=True) > 0).to(self.dtype)  # every real step has at least one sample
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.expand(k, -1).clone()
-        rows = torch.arange(k, device=self.device)[:, None]
         opt = self.params.local_optimizer.start(theta)
-        correction = self.correction(cstates, broadcast)
-        for s in range(steps):
-            g = self.batch_grads(theta, x[rows, idx[:, s]], y[rows, idx[:, s]], w[:, s])
+        correction = self.correction(cstates if cstates is not None else [None] * k, broadcast)
+        for s in range(plans.idx.shape[1]):
+            g = self.batch_grads(theta, batch.x[idx[:, s]], batch.y[idx[:, s]], w[:, s])
             if self.mu:
                 g = g + self.mu * (theta - theta_g)
             if correction is not None:
                 g = g + correction
             opt.step(theta, g, lr, active[:, s])  # in place: plain SGD makes no new k x d buffers per step
-        deltas = (theta - theta_g).cpu().numpy()
-        return [self._reply(delta, d, p, r) for delta, d, p, r in zip(deltas, datas, plans, rngs)]
+        return (theta - theta_g).cpu().numpy()
+
+    def step_batch(self, cstates: list | None, batch: ClientBatch, broadcast: Any, keys: Keys) -> Steps:
+        """All clients of a shard at once: stacked parameters, the stacked or vmapped minibatch gradients (also for
+        one client, so a client's numbers do not depend on how many share its shard), a padded width the same in
+        every shard (`batch_width`)."""
+        if not len(batch):
+            return Steps(WeightedDelta(np.zeros((0, self.spec.size)), np.zeros(0)), None, Costs.of([]))
+        sizes = batch.sizes
+        plans = self._plans(sizes, keys, self.batch_width)
+        replies, costs = self._uploads(self._train(cstates, batch, plans, broadcast), sizes, plans, keys)
+        return Steps(replies, None, costs)
+
+    def step_many(self, cstates: list[Any], datas: list[ClientData], broadcast: Any,
+                  rngs: list[np.random.Generator]) -> list[tuple[Any, Any, Cost]]:
+        """`step_batch` of the clients `datas`, as per-client (reply, state, cost)."""
+        if not datas:
+            return []
+        out = self.step_batch(cstates, ClientBatch.of(datas), broadcast, Keys.of(rngs))
+        return [(WeightedDelta(out.replies.total[i], float(out.replies.weight[i])), None, out.costs.cost(i))
+                for i in range(len(datas))]
 
     def reduce(self, replies: list[Any]) -> Any:
         return WeightedDelta(np.sum([r.total for r in replies], axis=0), sum(r.weight for r in replies))

@@ -24,7 +24,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 RUN = {
     "name": "export",
-    "seed": 5,
+    "seed": 17,
     "data": {"source": "digits", "num_clients": 6},
     "model": {"name": "mlp", "hidden": [16]},
     "algorithm": {"name": "fedavg", "rounds": 6, "clients_per_round": 4, "lr": 0.1, "local_steps": 10, "batch_size": 10},

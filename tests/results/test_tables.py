@@ -5,6 +5,7 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 
 from raysim.results import tables as results
@@ -48,14 +49,14 @@ def test_the_writer_batches_rounds_into_one_part_and_a_resume_cuts_a_part_at_the
 
     writer = RunWriter(tmp_path, flush_every_s=3600)
     for r in (1, 2, 3):
-        writer.add({"round": r, "loss": 1.0 / r}, [{"round": r, "client_id": c} for c in range(2)])
+        writer.add({"round": r, "loss": 1.0 / r}, {"round": np.full(2, r), "client_id": np.arange(2)})
     assert not (tmp_path / "rounds.parquet").exists()
     writer.status(status="stopped")  # a status change writes the rounds first
     assert sorted(p.name for p in (tmp_path / "clients.parquet").iterdir()) == ["round-000001-000003.parquet"]
     assert RunResult.load(tmp_path).clients["round"].tolist() == [1, 1, 2, 2, 3, 3]
 
     resumed = RunWriter(tmp_path, resume_round=2, flush_every_s=0)
-    resumed.add({"round": 3, "loss": 0.25}, [{"round": 3, "client_id": 5}])
+    resumed.add({"round": 3, "loss": 0.25}, {"round": np.array([3]), "client_id": np.array([5])})
     result = RunResult.load(tmp_path)
     assert result.rounds["loss"].tolist() == [1.0, 0.5, 0.25]
     assert result.clients[["round", "client_id"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1], [3, 5]]

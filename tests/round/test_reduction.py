@@ -1,8 +1,10 @@
 """The fixed reduction tree: the same bits from any split of the clients into shards."""
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
-from raysim.round.reduction import cover, reduce_owned, root_size, tree_reduce
+from raysim.round.reduction import cover, reduce_owned, reduce_stacked, root_size, tree_reduce
 
 
 def add(a, b):
@@ -66,3 +68,29 @@ def test_the_value_is_the_perfect_trees_whatever_the_parts_order(n, per_round, p
                               lambda a, b: f"({a}+{b})")
     rng.shuffle(parts)
     assert tree_reduce(parts, 0, root_size(n), lambda a, b: f"({a}+{b})") == _perfect_tree(replies, 0, root_size(n))
+
+
+@dataclass
+class _Reply:
+    total: np.ndarray
+    weight: float
+
+
+def test_the_stacked_reduction_gives_the_pairwise_trees_bits():
+    """reduce_stacked over replies stacked in any order equals reduce_owned with the fieldwise-sum combine, bit
+    for bit, over 200 random federations, shards and surviving clients (float32 totals across 6 decades)."""
+    rng = np.random.default_rng(0)
+    combine = lambda a, b: _Reply(np.sum([a.total, b.total], axis=0), a.weight + b.weight)  # noqa: E731
+    for trial in range(200):
+        n = int(rng.integers(1, 300))
+        owned = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+        blocks = cover(owned.tolist(), n)
+        kept = owned[rng.random(owned.size) < 0.7]
+        rng.shuffle(kept)
+        total = (rng.standard_normal((kept.size, 7)) * 10 ** rng.uniform(-3, 3, (kept.size, 1))).astype(np.float32)
+        weight = rng.integers(1, 50, kept.size) * 0.1
+        pairwise = reduce_owned({int(c): _Reply(total[i], float(weight[i])) for i, c in enumerate(kept)}, blocks, combine)
+        stacked = reduce_stacked(kept, _Reply(total, weight), blocks)
+        assert [(s, z) for s, z, _ in stacked] == [(s, z) for s, z, _ in pairwise], trial
+        for (_, _, a), (_, _, b) in zip(pairwise, stacked):
+            assert a.total.tobytes() == b.total.tobytes() and a.weight == b.weight and type(b.weight) is float, trial

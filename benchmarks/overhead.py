@@ -1,0 +1,112 @@
+"""Per-client overhead of a round: what raysim spends on a client beyond its arithmetic.
+
+The workload: multinomial logistic regression on `synthetic` (20,000 clients of 10 samples, 20 features), 5 local
+steps of batch 5, evaluation every 6 rounds, no checkpoints. For 1,000 and 10,000 clients a round it runs the
+experiment on the local backend and on Ray with 2 client actors (`driver_shard: false`) and prints the steady
+round (the mean round after the first), the marginal wall time per client between the two sizes (the target is
+at most 5 us), and the ratio of the 10,000-client round to the vectorized limit: the same arithmetic in one
+process with raysim's own stacked kernel and nothing else (the target is at most 1.5).
+
+    python benchmarks/overhead.py                     # both backends, 13 rounds each
+    python benchmarks/overhead.py --backends local --rounds 7 --sizes 1000 10000 100000
+
+Not a timed test: run it on an idle machine, and compare ratios measured in one run.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import raysim
+from raysim.config import load_config
+from raysim.contract import ClientBatch
+from raysim.core.keys import Keys
+from raysim.core.rng import SERVER, stream
+from raysim.data import build_federated, read_table_arrays
+from raysim.round.engine import eval_data
+from raysim.round.experiment import make_algorithm
+
+CLIENTS, SAMPLES, FEATURES = 20_000, 10, 20
+TARGET_US, TARGET_LIMIT = 5.0, 1.5  # issue 30
+
+
+def config(per_round: int, rounds: int, backend: str) -> dict:
+    """The issue's workload at `per_round` clients a round."""
+    return {
+        "name": f"overhead-{per_round}", "seed": 0, "backend": backend,
+        "data": {"source": "synthetic", "num_clients": CLIENTS, "partition": {"kind": "natural"},
+                 "synthetic_samples": SAMPLES * CLIENTS, "synthetic_features": FEATURES},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "fedavg", "rounds": rounds, "clients_per_round": per_round, "lr": 0.05,
+                      "local_steps": 5, "batch_size": 5},
+        "eval": {"every": 6, "train_samples": 5000},
+        "checkpoint": {"every": 0},
+        "cluster": {"num_actors": 2, "driver_shard": False, "num_cpus": 2},
+    }
+
+
+def steady_round(per_round: int, rounds: int, backend: str) -> float:
+    """The mean wall seconds of rounds 2.. of one run."""
+    with tempfile.TemporaryDirectory() as out:
+        result = raysim.run(config(per_round, rounds, backend), out=Path(out) / "run")
+    return float(result.rounds["round_wall_s"].iloc[1:].mean())
+
+
+def vectorized_limit(per_round: int, rounds: int) -> float:
+    """Seconds a round of the same arithmetic takes in one process: the stacked local steps of `per_round` clients
+    (their data already stacked, their batch plans drawn), the weighted mean, and the evaluation every 6 rounds."""
+    cfg = load_config(config(per_round, rounds, "local"))
+    with tempfile.TemporaryDirectory() as out:
+        fed = build_federated(cfg.data, cfg.seed, Path(out))
+        algo = make_algorithm(cfg, fed)
+        x, y = read_table_arrays(fed.train_path)
+        offsets = np.concatenate([[0], np.cumsum(fed.client_sizes)])
+        evaluation = eval_data(fed, torch.float32 if cfg.model.dtype == "float32" else torch.float64,
+                               cfg.eval.train_samples, cfg.seed)
+    x, y = torch.as_tensor(x, dtype=torch.float64 if cfg.model.dtype == "float64" else torch.float32), torch.as_tensor(y)
+    state = algo.init()
+    times = []
+    for t in range(1, rounds + 1):
+        plan = algo.plan(state, t, stream(cfg.seed, t, SERVER, "plan"))
+        ids = np.sort(plan.clients)
+        batch = ClientBatch(ids, offsets[ids], offsets[ids + 1] - offsets[ids], x, y)
+        plans = algo._plans(batch.sizes, Keys(cfg.seed, t, ids, "step"), algo.batch_width)
+        t0 = time.perf_counter()
+        deltas = algo._train(None, batch, plans, plan.broadcast)
+        weights = batch.sizes.astype(deltas.dtype)
+        state = type(state)(state.params + (weights[:, None] * deltas).sum(0) / weights.sum())
+        if t % cfg.eval.every == 0:
+            algo.evaluate(state, evaluation)
+        times.append(time.perf_counter() - t0)
+    return float(np.mean(times[1:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="clients a round")
+    ap.add_argument("--rounds", type=int, default=13)
+    ap.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
+    args = ap.parse_args(argv)
+    sizes = sorted(args.sizes)
+    limit = {n: vectorized_limit(n, args.rounds) for n in sizes}
+    print(f"{'backend':8} {'clients/round':>13} {'steady round s':>15} {'limit s':>9} {'vs limit':>9}")
+    for backend in args.backends:
+        steady = {n: steady_round(n, args.rounds, backend) for n in sizes}
+        for n in sizes:
+            print(f"{backend:8} {n:>13,} {steady[n]:>15.4f} {limit[n]:>9.4f} {steady[n] / limit[n]:>8.2f}x")
+        lo, hi = sizes[0], sizes[-1]
+        marginal = (steady[hi] - steady[lo]) / (hi - lo) * 1e6
+        print(f"{backend:8} marginal per client {lo:,} -> {hi:,}: {marginal:.1f} us (target <= {TARGET_US:g} us); "
+              f"{hi:,} clients at {steady[hi] / limit[hi]:.2f}x the vectorized limit (target <= {TARGET_LIMIT:g}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

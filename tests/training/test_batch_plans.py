@@ -1,0 +1,50 @@
+"""Minibatch plans drawn for a whole batch of clients at once: each pass a permutation of the client's samples,
+uniformly random (Monte Carlo), and a client's plan the same whoever is drawn with it."""
+import numpy as np
+from scipy import stats
+
+from raysim.core.keys import Keys
+from raysim.core.rng import stream
+from raysim.training import batch_plan, batch_plans
+
+
+def test_every_pass_takes_each_sample_once():
+    sizes = np.array([23, 3, 10, 1, 700, 64])
+    plans = batch_plans(sizes, 5, None, 2, Keys(0, 1, np.arange(6), "step"))
+    for i, n in enumerate(sizes):
+        b = min(5, n)
+        per_epoch = -(-n // b)
+        for epoch in range(2):
+            rows = slice(epoch * per_epoch, (epoch + 1) * per_epoch)
+            used = plans.idx[i, rows][plans.w[i, rows] > 0]
+            assert sorted(used.tolist()) == list(range(n))
+        assert plans.w[i].sum() == 2 * n and not plans.w[i, 2 * per_epoch:].any()  # then padding only
+
+
+def test_a_clients_plan_is_its_own_whoever_shares_the_call():
+    """Sizes across buckets (1 to 1,500), steps spanning passes: each client's rows equal its plan drawn alone
+    (`batch_plan` from its stream, the per-client path) and do not move when others join or the width grows."""
+    rng = np.random.default_rng(3)
+    ids = rng.choice(10**6, 40, replace=False)
+    sizes = rng.integers(1, 1500, 40)
+    together = batch_plans(sizes, 6, 9, None, Keys(2, 5, ids, "step"), width=8)
+    half = batch_plans(sizes[::2], 6, 9, None, Keys(2, 5, ids[::2], "step"))
+    for i, (c, n) in enumerate(zip(ids, sizes)):
+        alone = batch_plan(int(n), 6, 9, None, stream(2, 5, int(c), "step"))
+        b = alone.idx.shape[1]
+        np.testing.assert_array_equal(together.idx[i, :, :b], alone.idx)
+        np.testing.assert_array_equal(together.w[i, :, :b], alone.w)
+        assert not together.w[i, :, b:].any()
+        if i % 2 == 0:
+            np.testing.assert_array_equal(half.idx[i // 2, :, :b], alone.idx)
+
+
+def test_a_pass_is_a_uniform_permutation():
+    """Over 20,000 clients of 5 samples: the first sample of a pass is uniform over the 5 (chi-square p > 1e-4),
+    and sample 0 comes before sample 1 half the time (within 5 standard errors)."""
+    plans = batch_plans(np.full(20_000, 5), 5, 1, None, Keys(0, 1, np.arange(20_000), "step"))
+    first = plans.idx[:, 0, 0]
+    assert stats.chisquare(np.bincount(first, minlength=5)).pvalue > 1e-4
+    order = plans.idx[:, 0, :]
+    before = (np.argmax(order == 0, axis=1) < np.argmax(order == 1, axis=1)).mean()
+    assert abs(before - 0.5) < 5 * np.sqrt(0.25 / 20_000)
