@@ -34,9 +34,14 @@ class Schedule:
 
 
 def client_actors(driver: psutil.Process) -> list[psutil.Process]:
-    """The live client actor processes the driver's Ray started (Ray titles them `ray::ClientActor...`)."""
+    """The live client actor processes the driver's Ray started (Ray titles them `ray::ClientActor...`); none once
+    the driver has exited (a run may finish between a schedule's check and this walk)."""
     found = []
-    for p in driver.children(recursive=True):
+    try:
+        children = driver.children(recursive=True)
+    except psutil.Error:
+        return found
+    for p in children:
         try:
             if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::ClientActor") and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
