@@ -4,8 +4,10 @@ The workload: multinomial logistic regression on `synthetic` (20,000 clients of 
 steps of batch 5, evaluation every 6 rounds, no checkpoints. For 1,000 and 10,000 clients a round it runs the
 experiment on the local backend and on Ray with 2 client actors (`driver_shard: false`) and prints the steady
 round (the mean round after the first), the marginal wall time per client between the two sizes (the target is
-at most 5 us), and the ratio of the 10,000-client round to the vectorized limit: the same arithmetic in one
-process with raysim's own stacked kernel and nothing else (the target is at most 1.5).
+at most 5 us), and the ratio of each round to the vectorized limit: the same arithmetic in one process with
+raysim's own stacked kernel and nothing else (the target is at most 1.5 at 10,000). The local backend is held
+against the limit with one torch thread (it runs the shard with one, `cluster.torch_threads`, so its numbers
+match every layout's), Ray against the limit with every core's threads (its two actors use both cores).
 
     python benchmarks/overhead.py                     # both backends, 13 rounds each
     python benchmarks/overhead.py --backends local --rounds 7 --sizes 1000 10000 100000
@@ -59,9 +61,10 @@ def steady_round(per_round: int, rounds: int, backend: str) -> float:
     return float(result.rounds["round_wall_s"].iloc[1:].mean())
 
 
-def vectorized_limit(per_round: int, rounds: int) -> float:
-    """Seconds a round of the same arithmetic takes in one process: the stacked local steps of `per_round` clients
-    (their data already stacked, their batch plans drawn), the weighted mean, and the evaluation every 6 rounds."""
+def vectorized_limit(per_round: int, rounds: int, threads: int) -> float:
+    """Seconds a round of the same arithmetic takes in one process on `threads` torch threads: the stacked local
+    steps of `per_round` clients (their data already stacked, their batch plans drawn), the weighted mean, and the
+    evaluation every 6 rounds."""
     cfg = load_config(config(per_round, rounds, "local"))
     with tempfile.TemporaryDirectory() as out:
         fed = build_federated(cfg.data, cfg.seed, Path(out))
@@ -72,7 +75,8 @@ def vectorized_limit(per_round: int, rounds: int) -> float:
                                cfg.eval.train_samples, cfg.seed)
     x, y = torch.as_tensor(x, dtype=torch.float64 if cfg.model.dtype == "float64" else torch.float32), torch.as_tensor(y)
     state = algo.init()
-    times = []
+    times, before = [], torch.get_num_threads()
+    torch.set_num_threads(threads)
     for t in range(1, rounds + 1):
         plan = algo.plan(state, t, stream(cfg.seed, t, SERVER, "plan"))
         ids = np.sort(plan.clients)
@@ -85,6 +89,7 @@ def vectorized_limit(per_round: int, rounds: int) -> float:
         if t % cfg.eval.every == 0:
             algo.evaluate(state, evaluation)
         times.append(time.perf_counter() - t0)
+    torch.set_num_threads(before)
     return float(np.mean(times[1:]))
 
 
@@ -95,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     args = ap.parse_args(argv)
     sizes = sorted(args.sizes)
-    limit = {n: vectorized_limit(n, args.rounds) for n in sizes}
-    print(f"{'backend':8} {'clients/round':>13} {'steady round s':>15} {'limit s':>9} {'vs limit':>9}")
+    threads = {"local": 1, "ray": torch.get_num_threads()}
+    limits = {k: {n: vectorized_limit(n, args.rounds, k) for n in sizes} for k in sorted(set(threads.values()))}
+    print(f"{'backend':8} {'clients/round':>13} {'steady round s':>15} {'limit s':>9} {'threads':>8} {'vs limit':>9}")
     for backend in args.backends:
+        limit = limits[threads[backend]]
         steady = {n: steady_round(n, args.rounds, backend) for n in sizes}
         for n in sizes:
-            print(f"{backend:8} {n:>13,} {steady[n]:>15.4f} {limit[n]:>9.4f} {steady[n] / limit[n]:>8.2f}x")
+            print(f"{backend:8} {n:>13,} {steady[n]:>15.4f} {limit[n]:>9.4f} {threads[backend]:>8} {steady[n] / limit[n]:>8.2f}x")
         lo, hi = sizes[0], sizes[-1]
         marginal = (steady[hi] - steady[lo]) / (hi - lo) * 1e6
         print(f"{backend:8} marginal per client {lo:,} -> {hi:,}: {marginal:.1f} us (target <= {TARGET_US:g} us); "
