@@ -108,7 +108,10 @@ def _kill(actors: list[psutil.Process], log: list[str], rng: np.random.Generator
 
 def _truncate_newest(run_dir: Path, log: list[str], rng: np.random.Generator) -> None:
     folders = sorted((run_dir / "checkpoints").glob("round-*"))
-    files = sorted(folders[-1].glob("*.pkl")) if folders else []
+    if len(folders) < 2:  # the sole checkpoint damaged is refused by design (no intact checkpoint), not resumed
+        log.append(f"{len(folders)} checkpoint(s): none truncated")
+        return
+    files = sorted(folders[-1].glob("*.pkl"))
     if files:
         path = files[int(rng.integers(len(files)))]
         path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])

@@ -170,9 +170,12 @@ class RoundEngine:
         return row, client_rows
 
 
-def shards_of(clients: list[int], per_shard: int) -> dict[int, list[int]]:
-    """The round's clients grouped by the shard that hosts them (shard i hosts ids i*per_shard..)."""
-    by_shard: dict[int, list[int]] = {}
-    for c in clients:
-        by_shard.setdefault(c // per_shard, []).append(c)
-    return by_shard
+def shards_of(clients: list[int] | np.ndarray, per_shard: int) -> dict[int, list[int]]:
+    """The round's clients grouped by the shard that hosts them (shard i hosts ids i*per_shard..), each shard's in
+    the round's order."""
+    ids = np.asarray(clients, dtype=np.int64)
+    shard = ids // per_shard
+    order = np.argsort(shard, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(shard[order]) != 0]) if ids.size else np.zeros(0, dtype=np.int64)
+    groups = np.split(ids[order], starts[1:])
+    return {int(shard[order[s]]): g.tolist() for s, g in zip(starts, groups)}

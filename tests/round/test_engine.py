@@ -91,3 +91,13 @@ def test_epoch_types_fall_out_of_the_costs(tmp_path):
     c_rounds = clients[clients["round"] % 3 == 0]  # upload only: no compute, finish = upload completion
     assert (c_rounds["compute_time"] == 0).all() and (c_rounds["upload_time"] > 0).all()
     assert set(clients["round"]) == {2, 3, 5, 6}
+
+
+def test_shards_of_groups_the_round_by_host_in_the_rounds_order():
+    from raysim.round.engine import shards_of
+
+    ids = np.random.default_rng(0).permutation(100)[:37]
+    expected: dict[int, list[int]] = {}
+    for c in ids.tolist():
+        expected.setdefault(c // 7, []).append(c)
+    assert shards_of(ids, 7) == expected and shards_of([], 7) == {}
