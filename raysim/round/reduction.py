@@ -98,6 +98,17 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]])
             for i, b in enumerate(block)]
 
 
+def take_rows(stacked: Any, index: np.ndarray) -> Any:
+    """The rows `index` of a stacked reply (every field's leading client axis)."""
+    return type(stacked)(**{f.name: getattr(stacked, f.name)[index] for f in dataclasses.fields(stacked)})
+
+
+def unstack(stacked: Any, k: int) -> list:
+    """A stacked reply as k per-client replies."""
+    return [type(stacked)(**{f.name: _scalar(getattr(stacked, f.name)[i]) for f in dataclasses.fields(stacked)})
+            for i in range(k)]
+
+
 def _scalar(v: Any) -> Any:
     """A numpy scalar as the Python number a pairwise combine of Python floats would give; arrays unchanged."""
     return v.item() if isinstance(v, np.generic) else v

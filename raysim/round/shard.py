@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import pickle
 import time
@@ -21,7 +20,7 @@ from raysim.core.rng import SERVER, stream
 from raysim.data import FederatedData, read_client_block
 from raysim.models import DTYPES
 from raysim.round.experiment import Experiment
-from raysim.round.reduction import Part, cover, reduce_owned, reduce_stacked
+from raysim.round.reduction import Part, cover, reduce_owned, reduce_stacked, take_rows, unstack
 from raysim.storage import checkpoint
 from raysim.system import SystemModel
 
@@ -166,7 +165,7 @@ class ClientShard:
         if reduce:
             kept = self.system.within_deadline(times)
             if stacked:
-                parts = reduce_stacked(ids[kept], _rows(out.replies, kept), self.blocks)
+                parts = reduce_stacked(ids[kept], take_rows(out.replies, kept), self.blocks)
             else:
                 parts = reduce_owned({c: r for c, r, k in zip(clients, out.replies, kept) if k}, self.blocks,
                                      lambda a, b: self.algo.reduce([a, b]))
@@ -179,18 +178,3 @@ def _shares(calls: np.ndarray, seconds: float) -> np.ndarray:
     """`seconds` split over clients in proportion to their oracle calls (evenly when none made any)."""
     calls = np.asarray(calls, dtype=np.float64)
     return calls * (seconds / calls.sum()) if calls.sum() > 0 else np.full(len(calls), seconds / max(len(calls), 1))
-
-
-def _rows(stacked: Any, index: np.ndarray) -> Any:
-    """The rows `index` of a stacked reply (every field's leading client axis)."""
-    return type(stacked)(**{f.name: getattr(stacked, f.name)[index] for f in dataclasses.fields(stacked)})
-
-
-def unstack(stacked: Any, k: int) -> list:
-    """A stacked reply as k per-client replies."""
-    return [type(stacked)(**{f.name: _item(getattr(stacked, f.name)[i]) for f in dataclasses.fields(stacked)})
-            for i in range(k)]
-
-
-def _item(v: Any) -> Any:
-    return v.item() if isinstance(v, np.ndarray) and v.ndim == 0 or isinstance(v, np.generic) else v
