@@ -127,11 +127,13 @@ class ClientShard:
         broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
         ids = np.asarray(clients, dtype=np.int64)  # and on the local backend it is the server's own object
         if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
-            self.algo.step(self.states[int(ids[0])], self.data[int(ids[0])], broadcast, stream(self.cfg.seed, round, int(ids[0]), "step"))
+            first = int(ids[0])
+            self.algo.step(self.states[first], self.data[first], broadcast, stream(self.cfg.seed, round, first, "step"))
             os._exit(1)
         t0 = time.process_time()
         if self.cfg.algorithm.vectorize and self.batched:
-            out = self.algo.step_batch([self.states[c] for c in clients], self.data.batch(ids), broadcast, Keys(self.cfg.seed, round, ids, "step"))
+            out = self.algo.step_batch([self.states[c] for c in clients], self.data.batch(ids), broadcast,
+                                       Keys(self.cfg.seed, round, ids, "step"))
             cpu = _shares(out.costs.oracle_calls, time.process_time() - t0)
         else:
             datas = [self.data[c] for c in clients]

@@ -27,7 +27,8 @@ class Ledger:
         self.gamma += timing.gamma
         self.sim_time += timing.round_time
         costs = as_costs(costs)
+        kept = ~np.asarray(timing.dropped, dtype=bool)[:len(costs)]  # a round without costs given books none
         self.oracle_calls += int(costs.oracle_calls.sum()) + server_cost.oracle_calls
-        self.upload_bytes += int(costs.upload_bytes[~np.asarray(timing.dropped, dtype=bool)[:len(costs)]].sum()) if len(costs) else 0
+        self.upload_bytes += int(costs.upload_bytes[kept].sum())
         self.download_bytes += download_bytes
         return asdict(self)

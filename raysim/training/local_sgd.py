@@ -227,7 +227,8 @@ def _plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.nda
     u = keys.uniforms(int((epochs * n).max()))  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
     e_ax, j_ax = np.arange(E)[:, None], np.arange(N)[None, :]
     draw = np.minimum(e_ax * n[:, None, None] + j_ax, u.shape[1] - 1)
-    sort_keys = np.where(j_ax < n[:, None, None], np.take_along_axis(u, draw.reshape(n.size, -1), 1).reshape(draw.shape), 2.0)
+    drawn = np.take_along_axis(u, draw.reshape(n.size, -1), 1).reshape(draw.shape)
+    sort_keys = np.where(j_ax < n[:, None, None], drawn, 2.0)
     perm = np.argsort(sort_keys, axis=2, kind="stable")  # [k, E, N]: each pass's permutation, padding last
     s_ax, t_ax = np.arange(S)[None, :, None], np.arange(width)[None, None, :]
     epoch, chunk = np.divmod(s_ax, per_epoch[:, None, None])
