@@ -58,8 +58,9 @@ class Costs:
     @classmethod
     def concat(cls, parts: list[Costs]) -> Costs:
         """Several clients' columns, one after the other."""
-        return cls(*(np.concatenate([getattr(c, f.name) for c in parts]) if parts else np.zeros(0, dtype=d)
-                     for f, d in zip(dataclasses.fields(cls), (np.int64, np.int64, np.float64, np.int64))))
+        if not parts:
+            return cls.of([])
+        return cls(*(np.concatenate([getattr(c, f.name) for c in parts]) for f in dataclasses.fields(cls)))
 
     def take(self, index: np.ndarray) -> Costs:
         """The clients at `index` (an integer array or a boolean mask)."""
