@@ -23,15 +23,15 @@ class ClientActor(ClientShard):
     until then every call that needs them raises StateLost, whenever Ray restarted it."""
 
     def __init__(self, experiment: Any, clients: range, torch_threads: int = 1, cuda_memory_fraction: float | None = None,
-                 shard: int = 0):
-        self.args = (experiment, clients, torch_threads, cuda_memory_fraction, shard)
+                 shard: int = 0, threads: int = 1):
+        self.args = (experiment, clients, torch_threads, cuda_memory_fraction, shard, threads)
         self.loaded = False
 
     def load(self, data: dict) -> None:
         """Read this shard's clients' rows and set up their states (once)."""
         if not self.loaded:
-            experiment, clients, threads, fraction, shard = self.args
-            super().__init__(experiment, data, clients, threads, fraction, shard)
+            experiment, clients, torch_threads, fraction, shard, threads = self.args
+            super().__init__(experiment, data, clients, torch_threads, fraction, shard, threads)
             self.loaded = True
 
     def _loaded(self) -> None:

@@ -82,7 +82,7 @@ def launch(experiment: Experiment) -> ClientFleet:
         # mypy ignores class decorators: it does not see that @ray.remote made ClientActor an ActorClass
         actors[i] = ClientActor.options(**r.options(), max_concurrency=concurrency, max_restarts=-1,  # type: ignore[attr-defined]
                                         scheduling_strategy=client_scheduling()).remote(
-            experiment, clients, r.torch_threads, r.cuda_memory_fraction, i)
+            experiment, clients, r.torch_threads, r.cuda_memory_fraction, i, r.threads)
     return ClientFleet(actors, n_actors, per_actor, r, here)
 
 
@@ -135,14 +135,14 @@ class RoundServer:
         loads = [a.load.remote(self.data) for a in self.actors.values()]
         if fleet.here:
             self.local = ClientShard(self.experiment, self.data, range(min(self.engine.fed.num_clients, self.per_actor)),
-                                     fleet.resources.torch_threads)
+                                     fleet.resources.torch_threads, threads=fleet.resources.threads)
         ray.get(loads)
         nodes = [info["node"] for info in ray.get([a.ready.remote() for a in self.actors.values()])]
         r = fleet.resources
         return {"backend": "ray", "server": "driver" if ray.get_runtime_context().get_actor_id() is None else "actor",
                 "shards": fleet.shards, "actors": len(self.actors), "driver_shard": fleet.here,
                 "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
-                "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "actor_nodes": nodes,
+                "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "shard_threads": r.threads, "actor_nodes": nodes,
                 "actors_s": time.perf_counter() - t0}
 
     def resume(self, folder: str) -> None:

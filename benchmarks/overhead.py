@@ -5,9 +5,9 @@ steps of batch 5, evaluation every 6 rounds, no checkpoints. For 1,000 and 10,00
 experiment on the local backend and on Ray with 2 client actors (`driver_shard: false`) and prints the steady
 round (the mean round after the first), the marginal wall time per client between the two sizes (the target is
 at most 5 us), and the ratio of each round to the vectorized limit: the same arithmetic in one process with
-raysim's own stacked kernel and nothing else (the target is at most 1.5 at 10,000). The local backend is held
-against the limit with one torch thread (it runs the shard with one, `cluster.torch_threads`, so its numbers
-match every layout's), Ray against the limit with every core's threads (its two actors use both cores).
+raysim's own stacked kernel and nothing else, on every core's torch threads (the target is at most 1.5 at
+10,000). Both backends use both cores: Ray's two actors one each, the local backend a thread per core over
+chunks of the round's clients, each on one torch thread (so its numbers match every layout's).
 
     python benchmarks/overhead.py                     # both backends, 13 rounds each
     python benchmarks/overhead.py --backends local --rounds 7 --sizes 1000 10000 100000
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     args = ap.parse_args(argv)
     sizes = sorted(args.sizes)
-    threads = {"local": 1, "ray": torch.get_num_threads()}
+    threads = {"local": torch.get_num_threads(), "ray": torch.get_num_threads()}
     limits = {k: {n: vectorized_limit(n, args.rounds, k) for n in sizes} for k in sorted(set(threads.values()))}
     print(f"{'backend':8} {'clients/round':>13} {'steady round s':>15} {'limit s':>9} {'threads':>8} {'vs limit':>9}")
     for backend in args.backends:

@@ -62,7 +62,7 @@ class Costs:
             return cls.of([])
         return cls(*(np.concatenate([getattr(c, f.name) for c in parts]) for f in dataclasses.fields(cls)))
 
-    def take(self, index: np.ndarray) -> Costs:
+    def take(self, index: np.ndarray | slice) -> Costs:
         """The clients at `index` (an integer array or a boolean mask)."""
         return Costs(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
 
@@ -235,7 +235,8 @@ class Algorithm:
         client's random draws at once (`keys.uniforms`), and the replies come back stacked, to be pre-reduced
         by fieldwise sums along the fixed tree (which must equal `reduce` of two replies). `cstates` is None when
         `client_init` gives None. Families that define it must give the numbers of `step` client by client;
-        those that do not keep the per-client form."""
+        those that do not keep the per-client form. A shard on the CPU runs it on several threads at once, each
+        over its own chunk of the clients (the instance holds nothing mutable, so they share it)."""
         raise NotImplementedError
 
     def reduce(self, replies: list[Any]) -> Any:

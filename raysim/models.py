@@ -112,11 +112,20 @@ class ParamSpec:
             i += n
         return out
 
-    def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One vector (per leading index) from named parameters."""
+    def flatten(self, params: dict[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+        """One vector (per leading index) from named parameters, written into `out` when given (a buffer reused
+        step after step is spared the fresh pages a new one faults in). Copied into one buffer where nothing asks
+        for a gradient: on a CPU thread `cat` along the last axis of many rows is six times slower."""
         first = params[self.names[0]]
         lead = first.shape[: first.dim() - len(self.shapes[0])]
-        return torch.cat([params[n].reshape(*lead, -1) for n in self.names], dim=-1)
+        parts = [params[n].reshape(*lead, -1) for n in self.names]
+        if out is None and (any(p.requires_grad for p in parts) or len({p.dtype for p in parts}) > 1):
+            return torch.cat(parts, dim=-1)
+        out, i = first.new_empty((*lead, self.size)) if out is None else out, 0
+        for p in parts:
+            out[..., i:i + p.shape[-1]].copy_(p)
+            i += p.shape[-1]
+        return out
 
     def module_with(self, module: nn.Module, flat: np.ndarray, dtype: torch.dtype) -> nn.Module:
         """A CPU copy of `module` in `dtype` holding the parameter vector `flat` (what `raysim export` saves)."""

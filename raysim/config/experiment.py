@@ -49,7 +49,8 @@ class ClusterConfig(BaseModel):
     clients_per_actor: int | None = Field(None, ge=1, description="1 gives one actor per client")
     cpus_per_actor: float | None = Field(None, gt=0, description="default: the CPUs shared evenly")
     gpu_fraction: float | None = Field(None, gt=0, le=1, description="GPU share per actor when GPUs exist; default 1/num_actors")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray; default: all")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray, and the threads of the"
+                                 " local backend's batched steps; default: all")
     torch_threads: int = Field(1, ge=1, description="torch threads per client actor (at most its CPU share); 1 keeps"
                                " results bitwise equal in every layout, as torch's sums depend on the thread count")
     server: Literal["auto", "driver", "actor"] = Field(

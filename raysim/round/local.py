@@ -2,6 +2,7 @@
 shard as on Ray, for tests, debugging and notebooks. Same seed, the same numbers as `backend: ray`."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from raysim.storage import checkpoint
 
 class LocalServer:
     """The round engine and one shard holding every client, on one torch thread (as each client
-    actor of a run with one CPU per actor); `close` gives the process its thread count back."""
+    actor of a run with one CPU per actor), whose batched steps use a thread per CPU (`cluster.num_cpus`,
+    default all this process may use); `close` gives the process its thread count back."""
 
     def __init__(self, experiment: Experiment, data: dict, run_dir: str | Path | None = None):
         self.threads = torch.get_num_threads()
@@ -31,9 +33,10 @@ class LocalServer:
     def start(self) -> dict:
         """Load every client's data into the one shard."""
         t0 = time.perf_counter()
-        self.shard = ClientShard(self.experiment, self.data, list(range(self.engine.fed.num_clients)))
+        threads = self.experiment.cfg.cluster.num_cpus or len(os.sched_getaffinity(0))
+        self.shard = ClientShard(self.experiment, self.data, list(range(self.engine.fed.num_clients)), threads=threads)
         return {"backend": "local", "actors": 0, "clients_per_actor": self.engine.fed.num_clients,
-                "torch_threads": 1, "actors_s": time.perf_counter() - t0}
+                "torch_threads": 1, "shard_threads": self.shard.threads, "actors_s": time.perf_counter() - t0}
 
     def resume(self, folder: str | Path) -> None:
         """Continue from the checkpoint in `folder` (the runner's verified choice)."""

@@ -75,7 +75,8 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]])
     order = np.argsort(ids, kind="stable")
     rep = np.asarray(ids, dtype=np.int64)[order]  # a leaf id of each node, left to right
     names = [f.name for f in dataclasses.fields(stacked)]
-    vals = {n: np.asarray(getattr(stacked, n))[order] for n in names}
+    vals = {n: np.asarray(getattr(stacked, n))[order] for n in names}  # our own copy, summed into in place
+    row = np.arange(rep.size)  # the row of `vals` that holds each node's value
     starts = np.array([s for s, _ in blocks], dtype=np.int64)
     sizes = np.array([z for _, z in blocks], dtype=np.int64)
     block = np.searchsorted(starts, rep, side="right") - 1
@@ -85,22 +86,29 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]])
         parent = rep >> (level + 1)
         pair = (parent[:-1] == parent[1:]) & ((2 << level) <= limit[:-1])
         left = np.flatnonzero(pair)
-        if left.size:
-            keep = np.ones(rep.size, dtype=bool)
-            keep[left + 1] = False
+        if left.size:  # only the paired rows move: a level costs its pairs, not the whole stack
+            a, b = row[left], row[left + 1]
             for n in names:
                 v = vals[n]
-                v[left] = v[left] + v[left + 1]
-                vals[n] = v[keep]
-            rep, block, limit = rep[keep], block[keep], limit[keep]
+                v[a] = v[a] + v[b]
+            keep = np.ones(rep.size, dtype=bool)
+            keep[left + 1] = False
+            rep, block, limit, row = rep[keep], block[keep], limit[keep], row[keep]
         level += 1
-    return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][i]) for n in names}))
-            for i, b in enumerate(block)]
+    return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][r]) for n in names}))
+            for r, b in zip(row, block)]
 
 
 def take_rows(stacked: Any, index: np.ndarray) -> Any:
     """The rows `index` of a stacked reply (every field's leading client axis)."""
     return type(stacked)(**{f.name: getattr(stacked, f.name)[index] for f in dataclasses.fields(stacked)})
+
+
+def concat_rows(parts: list[Any]) -> Any:
+    """Stacked replies of disjoint clients as one, in order (every field's leading client axis joined)."""
+    first = parts[0]
+    return type(first)(**{f.name: np.concatenate([np.asarray(getattr(p, f.name)) for p in parts])
+                          for f in dataclasses.fields(first)})
 
 
 def unstack(stacked: Any, k: int) -> list:

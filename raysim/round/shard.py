@@ -6,10 +6,11 @@ import copy
 import os
 import pickle
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from raysim.core.rng import SERVER, stream
 from raysim.data import FederatedData, read_client_block
 from raysim.models import DTYPES
 from raysim.round.experiment import Experiment
-from raysim.round.reduction import Part, cover, reduce_owned, reduce_stacked, take_rows, unstack
+from raysim.round.reduction import Part, concat_rows, cover, reduce_owned, reduce_stacked, take_rows, unstack
 from raysim.storage import checkpoint
 from raysim.system import SystemModel
 
@@ -68,11 +69,17 @@ class ClientRows(Mapping[int, ClientData]):
                            self.x, self.y)
 
 
+MIN_CHUNK = 256  # clients a thread's share of a batched step is worth starting it for
+T = TypeVar("T")
+
+
 class ClientShard:
-    """The clients `clients` of an experiment, in this process."""
+    """The clients `clients` of an experiment, in this process. A batched step (`step_batch`) on the CPU runs on
+    up to `threads` threads at once, each over a contiguous chunk of the round's clients on one torch thread: a
+    client's numbers do not depend on which clients share its call, so the tables are the same for any count."""
 
     def __init__(self, experiment: Experiment, data: dict, clients: Sequence[int], torch_threads: int = 1,
-                 cuda_memory_fraction: float | None = None, shard: int = 0):
+                 cuda_memory_fraction: float | None = None, shard: int = 0, threads: int = 1):
         torch.set_num_threads(torch_threads)
         device = "cpu"
         if cuda_memory_fraction is not None and torch.cuda.is_available():
@@ -89,6 +96,8 @@ class ClientShard:
         self.shard, self.clients = shard, clients
         self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
         self.batched = batched(self.algo)
+        self.threads = threads if device == "cpu" and torch_threads == 1 else 1
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shard") if self.threads > 1 else None
         self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
@@ -130,12 +139,10 @@ class ClientShard:
             first = int(ids[0])
             self.algo.step(self.states[first], self.data[first], broadcast, stream(self.cfg.seed, round, first, "step"))
             os._exit(1)
-        t0 = time.process_time()
         if self.cfg.algorithm.vectorize and self.batched:
-            out = self.algo.step_batch([self.states[c] for c in clients], self.data.batch(ids), broadcast,
-                                       Keys(self.cfg.seed, round, ids, "step"))
-            cpu = _shares(out.costs.oracle_calls, time.process_time() - t0)
+            out, cpu = self._batch_steps(round, ids, broadcast)
         else:
+            t0 = time.process_time()
             datas = [self.data[c] for c in clients]
             states = [self.states[c] for c in clients]
             rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
@@ -155,19 +162,47 @@ class ClientShard:
                 self.states[c] = s
         return out, cpu
 
+    def _map(self, fn: Callable[[slice], T], k: int) -> list[T]:
+        """fn of consecutive slices of k clients: on the shard's threads, a chunk each, where k is large enough."""
+        n = min(self.threads, k // MIN_CHUNK)
+        if n <= 1 or self.pool is None:
+            return [fn(slice(0, k))]
+        bounds = np.linspace(0, k, n + 1).astype(int)
+        return list(self.pool.map(fn, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]))
+
+    def _batch_steps(self, round: int, ids: np.ndarray, broadcast: Any) -> tuple[Steps, np.ndarray]:
+        """`step_batch` of the clients `ids`, in chunks on the shard's threads, and each client's CPU seconds (its
+        chunk's time split in proportion to oracle calls)."""
+        clock = time.thread_time if self.pool is not None else time.process_time  # a chunk's CPU is its thread's
+
+        def run(s: slice) -> tuple[Steps, np.ndarray]:
+            t0, part = clock(), ids[s]
+            out = self.algo.step_batch([self.states[int(c)] for c in part], self.data.batch(part), broadcast,
+                                       Keys(self.cfg.seed, round, part, "step"))
+            return out, _shares(out.costs.oracle_calls, clock() - t0)
+
+        done = self._map(run, len(ids))
+        if len(done) == 1:
+            return done[0]
+        outs = [o for o, _ in done]
+        states = None if any(o.states is None for o in outs) else [s for o in outs for s in o.states or []]
+        return (Steps(concat_rows([o.replies for o in outs]), states, Costs.concat([o.costs for o in outs])),
+                np.concatenate([c for _, c in done]))
+
     def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
         """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
         out, cpu = self._steps(round, clients, broadcast, fail)
-        times = self.system.client_compute_times(round, ids, out.costs)
+        times = np.concatenate(self._map(lambda s: self.system.client_compute_times(round, ids[s], out.costs.take(s)),
+                                         len(ids))) if len(ids) else np.zeros(0)
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
         replies: list = []
         if reduce:
             kept = self.system.within_deadline(times)
             if stacked:
-                parts = reduce_stacked(ids[kept], take_rows(out.replies, kept), self.blocks)
+                parts = reduce_stacked(ids[kept], out.replies if kept.all() else take_rows(out.replies, kept), self.blocks)
             else:
                 parts = reduce_owned({c: r for c, r, k in zip(clients, out.replies, kept) if k}, self.blocks,
                                      lambda a, b: self.algo.reduce([a, b]))

@@ -76,7 +76,8 @@ class StackedGrad:
                 h = layer(h)
         return h
 
-    def __call__(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                 into: torch.Tensor | None = None) -> torch.Tensor:
         k, b = w.shape
         with torch.enable_grad():
             params = {n: p.detach().requires_grad_(True) for n, p in self.spec.unflatten(theta).items()}
@@ -86,7 +87,7 @@ class StackedGrad:
             if self.l2:  # the expression of squared_norm, per client
                 per = per + 0.5 * self.l2 * sum((p * p).reshape(k, -1).sum(1) for p in params.values())
             grads = torch.autograd.grad(per.sum(), list(params.values()))
-        return self.spec.flatten(dict(zip(params, grads)))
+        return self.spec.flatten(dict(zip(params, grads)), into)
 
 
 def stacked_grad(module: nn.Module, feature_shape: tuple, spec: ParamSpec, loss: str,

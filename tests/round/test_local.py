@@ -64,3 +64,22 @@ def test_local_resumes_from_its_checkpoint_to_the_same_numbers(tmp_path):
 def test_local_refuses_what_needs_actors(override, named):
     with pytest.raises(ConfigError, match=named):
         load_config({**FEDAVG, "backend": "local", **override})
+
+
+CHUNKED = {
+    "name": "chunked", "seed": 5,
+    "data": {"source": "synthetic", "num_clients": 1200, "partition": {"kind": "natural"},
+             "synthetic_samples": 12000, "synthetic_features": 8},
+    "model": {"name": "logreg"},
+    "algorithm": {"name": "fedavg", "rounds": 3, "clients_per_round": 700, "lr": 0.1, "local_steps": 3, "batch_size": 4},
+    "system": {"compute": {"unit": "batch"}, "stragglers": {"deadline": 6.5}},  # shards drop the late before reducing
+}
+
+
+def test_a_shard_on_several_threads_gives_the_same_bits_as_on_one_and_on_ray(ray_cluster, tmp_path):
+    one = raysim.run(CHUNKED, out=tmp_path / "one", backend="local", cluster__num_cpus=1)
+    two = raysim.run(CHUNKED, out=tmp_path / "two", backend="local", cluster__num_cpus=2)
+    assert (one.info["shard_threads"], two.info["shard_threads"]) == (1, 2)
+    assert one.clients["dropped"].any() and not one.clients["dropped"].all()
+    assert_same_numbers(one, two)
+    assert_same_numbers(one, raysim.run(CHUNKED, out=tmp_path / "ray", cluster__num_actors=2))
