@@ -50,6 +50,10 @@ class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field("digits", description="digits, mnist1d, synthetic, parquet, or a registered source")
+    client_rows: Literal["auto", "memory", "disk"] = Field(
+        "auto", description="where shards keep their clients' rows: memory (read once), disk (read each round, for"
+                            " the round's clients, from flat files beside the Parquet file); auto: disk above 1 GiB of"
+                            " training features")
     num_clients: int = Field(ge=1)
     test_fraction: float = Field(0.2, description="share of the samples held out as the server's test set, in (0, 1)")
     test_split: Literal["holdout", "source"] = Field(

@@ -27,6 +27,7 @@ from raysim.data.config import DataConfig
 from raysim.data.partition import (NATURAL, apportion_rows, check_min_size, dense_index, first_per_group, inverse_permutation,
                                    natural_clients_error, partition)
 from raysim.core.rng import SERVER, SETUP, stream
+from raysim.data.row_store import on_disk, write_rows
 from raysim.data.sources import ClientBlocks, Source, load_blocks, load_source
 from raysim.errors import DataError
 from raysim.storage.atomic import atomic_write_bytes
@@ -326,6 +327,8 @@ def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarra
     """Write the client sizes beside the training file; what was built."""
     sizes = sizes.astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
+    if on_disk(cfg, int(sizes.sum()), tuple(meta["feature_shape"])):
+        write_rows(train_path, _table_arrays)
     return FederatedData(
         train_path=train_path,
         test_path=test_path,

@@ -25,12 +25,13 @@ def root_size(num_clients: int) -> int:
 def cover(ids: Iterable[int], num_clients: int) -> list[tuple[int, int]]:
     """The largest aligned blocks that hold only ids in `ids` and together hold all of them."""
     blocks, top = [], root_size(num_clients)
-    ordered = sorted(set(ids))
-    i = 0
-    while i < len(ordered):
-        lo = j = ordered[i]
-        while i < len(ordered) and ordered[i] == j:  # one run of consecutive ids [lo, j)
-            i, j = i + 1, j + 1
+    if isinstance(ids, range) and ids.step == 1:  # a shard's clients: one run, with no Python int per id
+        runs = [(ids.start, ids.stop)] if len(ids) else []
+    else:
+        ordered = np.unique(np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64))
+        cut = np.flatnonzero(np.diff(ordered) != 1) + 1  # runs of consecutive ids [lo, j)
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(ordered, cut) if r.size]
+    for lo, j in runs:
         while lo < j:
             size = lo & -lo if lo else top
             while size > j - lo:

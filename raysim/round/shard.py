@@ -19,6 +19,7 @@ from raysim.contract import ClientBatch, ClientData, Costs, Steps, batched
 from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
 from raysim.data import FederatedData, read_client_block
+from raysim.data.row_store import on_disk, read_rows_of
 from raysim.models import DTYPES
 from raysim.round.experiment import Experiment
 from raysim.round.reduction import Part, concat_rows, cover, reduce_owned, reduce_stacked, take_rows, unstack
@@ -54,6 +55,17 @@ class ClientRows(Mapping[int, ClientData]):
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return ClientData(int(client), self.x[a:b], self.y[a:b])
 
+    def _index(self, clients: np.ndarray) -> np.ndarray:
+        """The positions of `clients` among this shard's ids; KeyError naming those it does not hold."""
+        i = np.searchsorted(self.ids, clients)
+        if not self._has(clients, i):
+            raise KeyError(f"clients not in this shard: {np.setdiff1d(clients, self.ids)[:5].tolist()}")
+        return i
+
+    def _has(self, clients: np.ndarray, i: np.ndarray | None = None) -> bool:
+        i = np.searchsorted(self.ids, clients) if i is None else i
+        return not (np.any(i >= len(self.ids)) or np.any(self.ids[np.minimum(i, len(self.ids) - 1)] != clients))
+
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -62,15 +74,51 @@ class ClientRows(Mapping[int, ClientData]):
 
     def batch(self, clients: np.ndarray) -> ClientBatch:
         """The clients `clients` as one ClientBatch over this block (no rows copied)."""
-        i = np.searchsorted(self.ids, clients)
-        if np.any(i >= len(self.ids)) or np.any(self.ids[np.minimum(i, len(self.ids) - 1)] != clients):
-            raise KeyError(f"clients not in this shard: {np.setdiff1d(clients, self.ids)[:5].tolist()}")
+        i = self._index(clients)
         return ClientBatch(np.asarray(clients, dtype=np.int64), self.offsets[i], self.offsets[i + 1] - self.offsets[i],
                            self.x, self.y)
 
 
 MIN_CHUNK = 256  # clients a thread's share of a batched step is worth starting it for
 T = TypeVar("T")
+
+
+class StoredClientRows(ClientRows):
+    """A shard's clients whose rows stay on disk (`data.client_rows`, raysim.data.row_store): each batch reads its
+    clients' rows then, so the shard holds the rows of one round's clients, not of all of its own."""
+
+    def __init__(self, fed: FederatedData, clients: Sequence[int], dtype: torch.dtype, device: str):
+        sizes = np.asarray(fed.client_sizes, dtype=np.int64)
+        ids = np.asarray(clients, dtype=np.int64)
+        super().__init__(ids, np.zeros(0, dtype=np.int64), torch.empty(0), torch.empty(0))
+        self.path, self.dtype, self.device = fed.train_path, dtype, device
+        self.first, self.sizes = (np.cumsum(sizes) - sizes)[ids], sizes[ids]  # each client's rows in the file
+
+    def __getitem__(self, client: int) -> ClientData:
+        if not self._has(np.array([client])):
+            raise KeyError(client)
+        b = self.batch(np.array([client]))
+        return ClientData(int(client), b.x, b.y)
+
+    def batch(self, clients: np.ndarray) -> ClientBatch:
+        """The clients `clients` as one ClientBatch over their rows, read now."""
+        i = self._index(clients)
+        x, y = read_rows_of(self.path, self.first[i], self.sizes[i])
+        sizes = self.sizes[i]
+        return ClientBatch(np.asarray(clients, dtype=np.int64), np.cumsum(sizes) - sizes, sizes,
+                           torch.as_tensor(x, dtype=self.dtype, device=self.device), torch.as_tensor(y, device=self.device))
+
+
+class ClientStates(dict):
+    """Client states by id, holding only those a step has set: a client never stepped has its `client_init` state,
+    made when asked for (a shard of 10^7 stateless clients holds nothing per client). Pickle `dict(states)`."""
+
+    def __init__(self, init: Callable[[int], Any], saved: Mapping[int, Any] | None = None):
+        super().__init__(saved or {})
+        self.init = init
+
+    def __missing__(self, client: int) -> Any:
+        return self.init(client)
 
 
 class ClientShard:
@@ -85,20 +133,25 @@ class ClientShard:
         if cuda_memory_fraction is not None and torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
             device = "cuda"
-        clients = list(clients)
+        clients = clients if isinstance(clients, range) else list(clients)  # a range: no Python int per client
         self.cfg = experiment.install().cfg
         self.fed = FederatedData.from_dict(data)
         self.algo = experiment.algorithm_for(self.fed, device)
         dtype = DTYPES[self.cfg.model.dtype]
-        ids, offsets, x, y = read_client_block(self.fed.train_path, clients)
-        # as_tensor: the block's own arrays become the tensors (no second copy) where the dtype already fits
-        self.data = ClientRows(ids, offsets, torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, device=device))
+        self.data: ClientRows
+        if on_disk(self.cfg.data, self.fed.num_train, self.fed.feature_shape):
+            self.data = StoredClientRows(self.fed, clients, dtype, device)
+        else:
+            ids, offsets, x, y = read_client_block(self.fed.train_path, clients)
+            # as_tensor: the block's own arrays become the tensors (no second copy) where the dtype already fits
+            self.data = ClientRows(ids, offsets, torch.as_tensor(x, dtype=dtype, device=device),
+                                   torch.as_tensor(y, device=device))
         self.shard, self.clients = shard, clients
         self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
         self.batched = batched(self.algo)
         self.threads = threads if device == "cpu" and torch_threads == 1 else 1
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shard") if self.threads > 1 else None
-        self.states: dict[int, Any] = {c: self.algo.client_init(c) for c in clients}
+        self.states = ClientStates(self.algo.client_init)
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
     def warm_up(self) -> None:
@@ -111,21 +164,18 @@ class ClientShard:
 
     def save(self, ckpt: str | Path) -> dict[str, dict[str, Any]]:
         """Write this shard's client states into the checkpoint folder `ckpt`; returns the file's sums."""
-        return checkpoint.save(checkpoint.dumps(self.states), checkpoint.shard_path(Path(ckpt), self.shard))
+        return checkpoint.save(checkpoint.dumps(dict(self.states)), checkpoint.shard_path(Path(ckpt), self.shard))
 
     def snapshot(self) -> bytes:
         """This shard's client states, pickled: the in-memory checkpoint that keeps a restart's replay short."""
-        return checkpoint.dumps(self.states)
+        return checkpoint.dumps(dict(self.states))
 
     def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
         """Refill client states after a restart or on resume: from checkpoint folder `ckpt`, or this
         shard's `snapshot()` bytes (None: client_init), then re-run the logged rounds since it
         (round, this shard's clients, broadcast) to reach the present."""
-        if isinstance(ckpt, bytes):
-            self.states = pickle.loads(ckpt)
-        else:
-            self.states = (checkpoint.client_states(Path(ckpt), self.clients) if ckpt
-                           else {c: self.algo.client_init(c) for c in self.clients})
+        saved = pickle.loads(ckpt) if isinstance(ckpt, bytes) else checkpoint.client_states(Path(ckpt), self.clients) if ckpt else {}
+        self.states = ClientStates(self.algo.client_init, saved)
         for round, clients, broadcast in replay:
             self._steps(round, clients, broadcast)
 

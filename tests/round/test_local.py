@@ -1,6 +1,7 @@
 """`backend: local` and Ray give the same numbers, to the last bit, whatever the packing of the
 clients into actors: fedavg and fzoos on 1, 2, 3 and 5 actors (fzoos on 2 and 3 under `-m slow`),
 5 clients, so 5 actors is one client per actor."""
+import numpy as np
 import pytest
 
 import raysim
@@ -83,3 +84,22 @@ def test_a_shard_on_several_threads_gives_the_same_bits_as_on_one_and_on_ray(ray
     assert one.clients["dropped"].any() and not one.clients["dropped"].all()
     assert_same_numbers(one, two)
     assert_same_numbers(one, raysim.run(CHUNKED, out=tmp_path / "ray", cluster__num_actors=2))
+
+
+def test_rows_read_from_disk_each_round_give_the_same_bits_and_a_shard_holds_none(ray_cluster, tmp_path):
+    from raysim.config import load_config
+    from raysim.data import build_federated
+    from raysim.round.experiment import Experiment
+    from raysim.round.shard import ClientShard
+
+    held = raysim.run(CHUNKED, out=tmp_path / "held", backend="local")
+    read = raysim.run(CHUNKED, out=tmp_path / "read", backend="local", data__client_rows="disk")
+    assert (read.run_dir / "data" / "train_x.npy").exists()
+    assert_same_numbers(held, read)
+    assert_same_numbers(held, raysim.run(CHUNKED, out=tmp_path / "ray", cluster__num_actors=2, data__client_rows="disk"))
+    cfg = load_config(CHUNKED, {"data.client_rows": "disk"})
+    fed = build_federated(cfg.data, cfg.seed, tmp_path / "data")
+    shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients))
+    assert shard.data.x.numel() == 0 and len(shard.states) == 0
+    shard.train(1, [5, 700, 3], shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast, reduce=True)
+    assert len(shard.states) == 0  # fedavg's clients keep no state: nothing held per client
