@@ -88,6 +88,8 @@ class EvalConfig(BaseModel):
 
     every: int = Field(1, ge=1, description="evaluate every this many rounds (and at the last)")
     train_samples: int = Field(20000, ge=0, description="pooled training samples evaluated for train_loss")
+    test_samples: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many test"
+                                     " samples (the same every round); None: the whole test set")
 
 
 class ExperimentConfig(BaseModel):

@@ -24,10 +24,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.data.config import DataConfig
-from raysim.data.partition import (NATURAL, apportion_rows, check_min_size, dense_index, first_per_group, inverse_permutation,
-                                   natural_clients_error, partition)
+from raysim.data.partition import (NATURAL, apportion_rows, check_min_size, compact_permutation, dense_index, first_per_group,
+                                   inverse_permutation, natural_clients_error, partition)
 from raysim.core.rng import SERVER, SETUP, stream
-from raysim.data.row_store import on_disk, write_rows
+from raysim.data.row_store import RowWriter, on_disk
 from raysim.data.sources import ClientBlocks, Source, load_blocks, load_source
 from raysim.errors import DataError
 from raysim.storage.atomic import atomic_write_bytes
@@ -105,7 +105,7 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
     else:
         groups = dense_index(groups)
         totals = natural_holdout(np.bincount(groups), fraction)
-    return group_holdout(labels, groups, totals, inverse_permutation(rng.permutation(n)))
+    return group_holdout(labels, groups, totals, inverse_permutation(compact_permutation(rng, n)))
 
 
 def natural_holdout(sizes: np.ndarray, fraction: float) -> np.ndarray:
@@ -161,7 +161,9 @@ class _GroupWriter:
     that (`runs`: the rows of each consecutive client). A thread writes the groups while the caller makes the
     next rows, at most WRITE_AHEAD groups behind: the file is never whole in memory."""
 
-    def __init__(self, path: Path, runs: np.ndarray, meta: dict[str, Any], x_dtype: np.dtype, y_dtype: np.dtype):
+    def __init__(self, path: Path, runs: np.ndarray, meta: dict[str, Any], x_dtype: np.dtype, y_dtype: np.dtype,
+                 flat: bool = False):
+        """`flat`: also write the rows as flat files (raysim.data.row_store) for shards that read them per round."""
         self.path, self.meta = path, meta
         self.width = math.prod(meta["feature_shape"])
         self.y_width = math.prod(meta["target_shape"]) if meta["target_shape"] else 0
@@ -176,6 +178,8 @@ class _GroupWriter:
                                        sorting_columns=[pq.SortingColumn(0)])
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="raysim-parquet")
         self.queued: collections.deque[Future] = collections.deque()
+        self.flat = RowWriter(path, int(np.sum(runs)), np.empty((0, *meta["feature_shape"]), x_dtype),
+                              np.empty((0, *meta["target_shape"]), y_dtype)) if flat else None
 
     def _table(self, client_id: np.ndarray, x: np.ndarray, y: np.ndarray) -> pa.Table:
         return pa.table({
@@ -194,9 +198,15 @@ class _GroupWriter:
                      for i, c in enumerate(zip(*self.pending))]
             if len(self.queued) >= WRITE_AHEAD:
                 self.queued.popleft().result()
-            self.queued.append(self.pool.submit(self.writer.write_table, self._table(*(p[:rows] for p in parts)), row_group_size=rows))
+            self.queued.append(self.pool.submit(self._write_group, *(p[:rows] for p in parts)))
             self.pending = [tuple(p[rows:] for p in parts)] if len(parts[0]) > rows else []  # type: ignore[list-item]
             self.written, self.buffered = self.written + rows, self.buffered - rows
+
+    def _write_group(self, client_id: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+        """One row group (on the writing thread), and its rows in the flat files."""
+        self.writer.write_table(self._table(client_id, x, y), row_group_size=len(client_id))
+        if self.flat is not None:
+            self.flat.append(x, y)
 
     def __enter__(self) -> _GroupWriter:
         return self
@@ -216,12 +226,15 @@ class _GroupWriter:
                 os.replace(self.tmp, self.path)
         finally:
             self.tmp.unlink(missing_ok=True)
+            if self.flat is not None:
+                self.flat.close(kind is None and self.path.exists())
 
 
-def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, rows: np.ndarray, meta: dict[str, Any]) -> None:
+def _write(path: Path, client_id: np.ndarray, x: np.ndarray, y: np.ndarray, rows: np.ndarray, meta: dict[str, Any],
+           flat: bool) -> None:
     """Write one table atomically. `rows` picks the rows of x and y to write, in order, gathered one row group
     at a time, so the written split is never a second copy of the features in memory."""
-    with _GroupWriter(path, _runs(client_id), meta, x.dtype, y.dtype) as writer:
+    with _GroupWriter(path, _runs(client_id), meta, x.dtype, y.dtype, flat) as writer:
         ends = list(writer.bounds)
         for a, b in zip([0, *ends[:-1]], ends):
             writer.append(client_id[a:b], x[rows[a:b]], y[rows[a:b]])
@@ -257,13 +270,14 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     _check_train_samples(cfg, num_train, num_test)
     ids = partition(labels[train], cfg.num_clients, cfg.partition, stream(seed, SETUP, SERVER, "partition"),
                     natural=src.natural_clients[train] if natural and src.natural_clients is not None else None)
-    rank = inverse_permutation(stream(seed, SETUP, SERVER, "row_order").permutation(num_train))
+    rank = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "row_order"), num_train))
     order = np.lexsort((rank, ids))  # by client, then by place in the row-order permutation
     meta = {"feature_shape": list(src.feature_shape), "target_shape": list(src.y.shape[1:])}
     train_path, test_path = _paths(out_dir)
     # the training rows by client, gathered a row group at a time: never a second copy of the features
-    _write(train_path, ids[order], src.x, src.y, np.flatnonzero(train)[order], meta)
-    _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x, src.y, np.flatnonzero(test), meta)
+    flat = on_disk(cfg, num_train, src.feature_shape)
+    _write(train_path, ids[order], src.x, src.y, np.flatnonzero(train)[order], meta, flat)
+    _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x, src.y, np.flatnonzero(test), meta, flat)
     return _finish(cfg, train_path, test_path, np.bincount(ids, minlength=cfg.num_clients), meta, num_test,
                    src.num_classes, src.image_shape)
 
@@ -280,15 +294,16 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
     num_train, num_test = int(train_sizes.sum()), int(held.sum())
     _check_train_samples(cfg, num_train, num_test)
     check_min_size(train_sizes, cfg.partition)
-    pos = inverse_permutation(stream(seed, SETUP, SERVER, "test_split").permutation(int(sizes.sum())))
-    rank = inverse_permutation(stream(seed, SETUP, SERVER, "row_order").permutation(num_train))
+    pos = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "test_split"), int(sizes.sum())))
+    rank = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "row_order"), num_train))
     first, train_first = (np.concatenate([[0], np.cumsum(s)]) for s in (sizes, train_sizes))
     blocks = iter(src.blocks)
     a, b, x, y = next(blocks)
     meta, dtypes = {"feature_shape": list(src.feature_shape), "target_shape": list(y.shape[1:])}, (x.dtype, y.dtype)
     train_path, test_path = _paths(out_dir)
-    with _GroupWriter(train_path, train_sizes, meta, *dtypes) as train, \
-            _GroupWriter(test_path, np.array([num_test]), meta, *dtypes) as test:
+    flat = on_disk(cfg, num_train, tuple(src.feature_shape))
+    with _GroupWriter(train_path, train_sizes, meta, *dtypes, flat) as train, \
+            _GroupWriter(test_path, np.array([num_test]), meta, *dtypes, flat) as test:
         for a, b, x, y in itertools.chain([(a, b, x, y)], blocks):
             owner = np.repeat(np.arange(b - a), sizes[a:b])
             Source(x, y, src.feature_shape, src.num_classes)  # each block checked as a whole source would be
@@ -327,8 +342,6 @@ def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarra
     """Write the client sizes beside the training file; what was built."""
     sizes = sizes.astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
-    if on_disk(cfg, int(sizes.sum()), tuple(meta["feature_shape"])):
-        write_rows(train_path, _table_arrays)
     return FederatedData(
         train_path=train_path,
         test_path=test_path,

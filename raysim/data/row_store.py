@@ -3,19 +3,18 @@ too large for their shards to hold: a shard reads the rows of its round's client
 opened for that read alone, so no page of the file stays mapped in between and the memory of a run grows with the
 clients a round, not with the registered clients.
 
-The files are `train_x.npy` and `train_y.npy`: the training file's x and y in its row order (clients in id order,
-each client's rows contiguous), copied from it a row group at a time.
+The files are `train_x.npy` and `train_y.npy` (and `test_x.npy`, `test_y.npy`, for the server's samples of the test
+set): each file's x and y in its row order (clients in id order, each client's rows contiguous), written beside the
+Parquet file's row groups as they are written.
 """
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raysim.data.config import DataConfig
 
@@ -30,35 +29,40 @@ def on_disk(cfg: DataConfig, num_train: int, feature_shape: tuple[int, ...]) -> 
     return num_train * 4 * math.prod(feature_shape) > AUTO_BYTES
 
 
-def row_paths(train_path: str | Path) -> tuple[Path, Path]:
-    """The x and y files of the training file `train_path`."""
-    train_path = Path(train_path)
-    return train_path.with_name("train_x.npy"), train_path.with_name("train_y.npy")
+def row_paths(path: str | Path) -> tuple[Path, Path]:
+    """The x and y files of the table file `path` (train.parquet: train_x.npy, train_y.npy)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_x.npy"), path.with_name(f"{path.stem}_y.npy")
 
 
-def write_rows(train_path: str | Path, arrays: Callable[[pa.Table], tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
-    """Copy the training file's x and y into `row_paths`, a row group at a time (`arrays` turns a row group into
-    (client_id, x, y)), through plain writes (the page cache's, not this process's memory); each file is written
-    under a temporary name and renamed when whole."""
-    file = pq.ParquetFile(train_path)
-    _, x0, y0 = arrays(file.schema_arrow.empty_table())
-    n = file.metadata.num_rows
-    paths = row_paths(train_path)
-    tmps = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in paths]
-    try:
-        with open(tmps[0], "wb") as fx, open(tmps[1], "wb") as fy:
-            for f, a in ((fx, x0), (fy, y0)):
-                header = {"descr": np.lib.format.dtype_to_descr(a.dtype), "fortran_order": False, "shape": (n, *a.shape[1:])}
-                np.lib.format.write_array_header_2_0(f, header)
-            for g in range(file.num_row_groups):
-                _, x, y = arrays(file.read_row_group(g))
-                fx.write(np.ascontiguousarray(x).tobytes())
-                fy.write(np.ascontiguousarray(y).tobytes())
-        for t, p in zip(tmps, paths):
-            os.replace(t, p)
-    finally:
-        for t in tmps:
-            t.unlink(missing_ok=True)
+class RowWriter:
+    """The x and y rows of a table, appended in its order to `row_paths`' files under temporary names (plain
+    writes: the page cache's memory, not this process's), renamed into place by `close(True)`."""
+
+    def __init__(self, path: Path, rows: int, x: np.ndarray, y: np.ndarray):
+        """`rows` rows in all, of the dtypes and row shapes of x and y."""
+        self.paths = row_paths(path)
+        self.tmps = [p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp") for p in self.paths]
+        self.files = [open(t, "wb") for t in self.tmps]
+        for f, a in zip(self.files, (x, y)):
+            np.lib.format.write_array_header_2_0(f, {"descr": np.lib.format.dtype_to_descr(a.dtype),
+                                                     "fortran_order": False, "shape": (rows, *a.shape[1:])})
+
+    def append(self, x: np.ndarray, y: np.ndarray) -> None:
+        for f, a in zip(self.files, (x, y)):
+            f.write(np.ascontiguousarray(a).tobytes())
+
+    def close(self, whole: bool) -> None:
+        """Close the files; rename them into place when `whole`, else drop them."""
+        try:
+            for f in self.files:
+                f.close()
+            if whole:
+                for t, p in zip(self.tmps, self.paths):
+                    os.replace(t, p)
+        finally:
+            for t in self.tmps:
+                t.unlink(missing_ok=True)
 
 
 def read_rows_of(train_path: str | Path, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

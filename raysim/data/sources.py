@@ -249,10 +249,29 @@ def synthetic(cfg: DataConfig, seed: int) -> ClientBlocks:
         raise DataError(f"data.synthetic_samples: {cfg.synthetic_samples} samples cannot give "
                          f"data.num_clients={k} clients {minimum} samples each")
     sizes = apportion(cfg.synthetic_samples, rng.lognormal(4.0, 2.0, k) + 50.0, minimum)
-    u = rng.normal(0.0, cfg.synthetic_alpha, (k, c))
-    v = rng.normal(rng.normal(0.0, cfg.synthetic_beta, (k, 1)), 1.0, (k, d))
-    blocks = ((a, b, *_synthetic_block(rng, u[a:b], v[a:b], sizes[a:b])) for a, b in _client_blocks(sizes))
-    return ClientBlocks(sizes, (d,), c, blocks)
+    # the stream holds every u_k, then every B_k, then every v_k, then the clients' heads and rows: a generator
+    # placed at the start of each part draws it a block at a time, in the very order one draw of it would
+    gu, gb, gv, gz = (_skip(rng, n) for n in (0, k * c, k, k * d))
+
+    def blocks() -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        for a, b in _client_blocks(sizes):
+            u = gu.normal(0.0, cfg.synthetic_alpha, (b - a, c))
+            v = gv.normal(gb.normal(0.0, cfg.synthetic_beta, (b - a, 1)), 1.0, (b - a, d))
+            yield (a, b, *_synthetic_block(gz, u, v, sizes[a:b]))
+    return ClientBlocks(sizes, (d,), c, blocks())
+
+
+SKIP_CHUNK = 1 << 20  # normals drawn at once while skipping
+
+
+def _skip(rng: np.random.Generator, n: int) -> np.random.Generator:
+    """A copy of `rng` where it stands, after `rng` has drawn (and dropped) n standard normals: numpy's ziggurat
+    keeps no state between calls, so the copy then draws what `rng` would have drawn from there."""
+    for a in range(0, n, SKIP_CHUNK):
+        rng.standard_normal(min(SKIP_CHUNK, n - a))
+    copy = np.random.Generator(type(rng.bit_generator)())
+    copy.bit_generator.state = rng.bit_generator.state
+    return copy
 
 
 SYNTHETIC_BLOCK_ROWS = 1 << 15  # samples drawn at once (about 5 MB of features)

@@ -15,6 +15,7 @@ import torch
 from raysim.contract import Cost, Costs, EvalData, Plan
 from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import FederatedData, read_rows, read_table_arrays
+from raysim.data.row_store import read_rows_of, row_paths
 from raysim.models import DTYPES
 from raysim.round.experiment import Experiment
 from raysim.round.reduction import root_size, tree_reduce
@@ -23,13 +24,27 @@ from raysim.storage import checkpoint
 from raysim.system import Ledger, RoundTiming, SystemModel, payload_bytes
 
 
-def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int) -> EvalData:
-    """The test set and a seeded sample of at most `train_samples` pooled training samples."""
-    tx, ty = read_table_arrays(fed.test_path)
+def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int,
+              test_samples: int | None = None) -> EvalData:
+    """The test set (or a seeded sample of at most `test_samples` of it) and a seeded sample of at most
+    `train_samples` pooled training samples; the arrays read become the tensors, with no second copy."""
+    if test_samples is None or fed.num_test <= test_samples:
+        tx, ty = read_table_arrays(fed.test_path)
+    else:
+        tx, ty = _sample(fed.test_path, np.sort(stream(seed, SETUP, SERVER, "eval_test").choice(
+            fed.num_test, test_samples, replace=False)))
     keep = np.arange(fed.num_train) if fed.num_train <= train_samples else \
         np.sort(stream(seed, SETUP, SERVER, "eval_train").choice(fed.num_train, train_samples, replace=False))
-    x, y = read_rows(fed.train_path, keep)
-    return EvalData(torch.tensor(tx, dtype=dtype), torch.tensor(ty), torch.tensor(x, dtype=dtype), torch.tensor(y))
+    x, y = _sample(fed.train_path, keep)
+    return EvalData(torch.as_tensor(tx, dtype=dtype), torch.as_tensor(ty), torch.as_tensor(x, dtype=dtype), torch.as_tensor(y))
+
+
+def _sample(path: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `rows` (sorted) of a table file: from its flat files where the build wrote them (a few pages each),
+    else a row group at a time from the Parquet file."""
+    if all(p.exists() for p in row_paths(path)):
+        return read_rows_of(path, rows, np.ones(len(rows), dtype=np.int64))
+    return read_rows(path, rows)
 
 
 @dataclass
@@ -73,7 +88,8 @@ class RoundEngine:
         self.state = self.algo.init()
         self.system = SystemModel(self.cfg.system, self.cfg.seed, fed.num_clients)
         self.ledger = Ledger()
-        self.eval = eval_data(fed, DTYPES[self.cfg.model.dtype], self.cfg.eval.train_samples, self.cfg.seed)
+        self.eval = eval_data(fed, DTYPES[self.cfg.model.dtype], self.cfg.eval.train_samples, self.cfg.seed,
+                              self.cfg.eval.test_samples)
 
     def plan(self, round: int) -> RoundPlan:
         """The algorithm's plan for `round`; shards pre-reduce when nothing is chosen by arrival."""

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from raysim.config import load_config
-from raysim.data import build_federated, read_client_block
+from raysim.data import build_federated, read_client_block, read_rows
 from raysim.data.row_store import AUTO_BYTES, on_disk, read_rows_of, row_paths
 
 SYNTHETIC = {
@@ -14,11 +14,19 @@ SYNTHETIC = {
 }
 
 
-def test_the_row_files_hold_every_client_s_rows_as_the_parquet_file_does(tmp_path):
-    cfg = load_config(SYNTHETIC, {"data.client_rows": "disk"})
+DIGITS = {**SYNTHETIC, "data": {"source": "digits", "num_clients": 60, "partition": {"kind": "dirichlet", "alpha": 1.0}}}
+
+
+@pytest.mark.parametrize("experiment", [SYNTHETIC, DIGITS], ids=["by-blocks", "pooled"])
+def test_the_row_files_hold_every_client_s_rows_as_the_parquet_file_does(tmp_path, experiment):
+    cfg = load_config(experiment, {"data.client_rows": "disk"})
     fed = build_federated(cfg.data, cfg.seed, tmp_path)
     x_path, y_path = row_paths(fed.train_path)
     assert x_path.exists() and y_path.exists() and not list(tmp_path.glob(".*tmp"))
+    rows = np.array([0, 7, 8, fed.num_test - 1])
+    tx, ty = read_rows_of(fed.test_path, rows, np.ones(4, dtype=np.int64))
+    px, py = read_rows(fed.test_path, rows)
+    assert np.array_equal(tx, px) and np.array_equal(ty, py)
     sizes = np.asarray(fed.client_sizes)
     picked = np.array([41, 3, 17, 59, 0])  # any order: the rows come back in the order asked
     x, y = read_rows_of(fed.train_path, (np.cumsum(sizes) - sizes)[picked], sizes[picked])

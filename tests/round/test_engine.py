@@ -1,6 +1,7 @@
 """The round engine through `backend: local`: stragglers dropped by deadline and over-selection, the
 federated oracle complexity and simulated time of every round, and epoch types from the costs."""
 import numpy as np
+import torch
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -101,3 +102,23 @@ def test_shards_of_groups_the_round_by_host_in_the_rounds_order():
     for c in ids.tolist():
         expected.setdefault(c // 7, []).append(c)
     assert shards_of(ids, 7) == expected and shards_of([], 7) == {}
+
+
+def test_eval_test_samples_evaluates_a_fixed_seeded_sample_of_the_test_set(tmp_path):
+    from raysim.config import load_config
+    from raysim.data import build_federated, read_table_arrays
+    from raysim.round.engine import eval_data
+
+    cfg = load_config(STRAGGLERS)
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    tx, _ = read_table_arrays(fed.test_path)
+    whole = eval_data(fed, torch.float32, 100, cfg.seed)
+    some = eval_data(fed, torch.float32, 100, cfg.seed, test_samples=40)
+    assert len(whole.test_x) == len(tx) > 40 and len(some.test_x) == 40
+    rows = {r.tobytes() for r in tx}
+    assert all(r.numpy().tobytes() in rows for r in some.test_x)  # rows of the test set, each once
+    assert len({r.numpy().tobytes() for r in some.test_x}) == 40
+    assert torch.equal(some.test_x, eval_data(fed, torch.float32, 100, cfg.seed, test_samples=40).test_x)
+    assert torch.equal(whole.test_x, eval_data(fed, torch.float32, 100, cfg.seed, test_samples=len(tx)).test_x)
+    rounds, _ = run(tmp_path, "sampled", eval__test_samples=40)
+    assert rounds["test_accuracy"].mul(40).sub(rounds["test_accuracy"].mul(40).round()).abs().max() < 1e-9
