@@ -34,7 +34,7 @@ class LocalServer:
         """Load every client's data into the one shard."""
         t0 = time.perf_counter()
         threads = self.experiment.cfg.cluster.num_cpus or len(os.sched_getaffinity(0))
-        self.shard = ClientShard(self.experiment, self.data, list(range(self.engine.fed.num_clients)), threads=threads)
+        self.shard = ClientShard(self.experiment, self.data, range(self.engine.fed.num_clients), threads=threads)
         return {"backend": "local", "actors": 0, "clients_per_actor": self.engine.fed.num_clients,
                 "torch_threads": 1, "shard_threads": self.shard.threads, "actors_s": time.perf_counter() - t0}
 

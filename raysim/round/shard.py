@@ -55,16 +55,6 @@ class ClientRows(Mapping[int, ClientData]):
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return ClientData(int(client), self.x[a:b], self.y[a:b])
 
-    def _index(self, clients: np.ndarray) -> np.ndarray:
-        """The positions of `clients` among this shard's ids; KeyError naming those it does not hold."""
-        i = np.searchsorted(self.ids, clients)
-        if not self._has(clients, i):
-            raise KeyError(f"clients not in this shard: {np.setdiff1d(clients, self.ids)[:5].tolist()}")
-        return i
-
-    def _has(self, clients: np.ndarray, i: np.ndarray | None = None) -> bool:
-        i = np.searchsorted(self.ids, clients) if i is None else i
-        return not (np.any(i >= len(self.ids)) or np.any(self.ids[np.minimum(i, len(self.ids) - 1)] != clients))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -74,7 +64,9 @@ class ClientRows(Mapping[int, ClientData]):
 
     def batch(self, clients: np.ndarray) -> ClientBatch:
         """The clients `clients` as one ClientBatch over this block (no rows copied)."""
-        i = self._index(clients)
+        i = np.searchsorted(self.ids, clients)
+        if np.any(i >= len(self.ids)) or np.any(self.ids[np.minimum(i, len(self.ids) - 1)] != clients):
+            raise KeyError(f"clients not in this shard: {np.setdiff1d(clients, self.ids)[:5].tolist()}")
         return ClientBatch(np.asarray(clients, dtype=np.int64), self.offsets[i], self.offsets[i + 1] - self.offsets[i],
                            self.x, self.y)
 
@@ -83,28 +75,53 @@ MIN_CHUNK = 256  # clients a thread's share of a batched step is worth starting 
 T = TypeVar("T")
 
 
-class StoredClientRows(ClientRows):
+class StoredClientRows(Mapping[int, ClientData]):
     """A shard's clients whose rows stay on disk (`data.client_rows`, raysim.data.row_store): each batch reads its
-    clients' rows then, so the shard holds the rows of one round's clients, not of all of its own."""
+    clients' rows then, so the shard holds the rows of one round's clients, not of all of its own. A shard's range
+    of ids is kept as a range, and each client's first row and size as int32 while they fit: 8 bytes a client."""
 
     def __init__(self, fed: FederatedData, clients: Sequence[int], dtype: torch.dtype, device: str):
-        sizes = np.asarray(fed.client_sizes, dtype=np.int64)
-        ids = np.asarray(clients, dtype=np.int64)
-        super().__init__(ids, np.zeros(0, dtype=np.int64), torch.empty(0), torch.empty(0))
         self.path, self.dtype, self.device = fed.train_path, dtype, device
-        self.first, self.sizes = (np.cumsum(sizes) - sizes)[ids], sizes[ids]  # each client's rows in the file
+        every = fed.client_sizes  # memory-mapped
+        self.ids: range | np.ndarray
+        if isinstance(clients, range) and clients.step == 1:
+            self.ids = clients
+            sizes = np.asarray(every[clients.start:clients.stop])
+            first = np.cumsum(sizes, dtype=np.int64) - sizes + int(np.sum(every[:clients.start], dtype=np.int64))
+        else:
+            self.ids = np.unique(np.asarray(clients, dtype=np.int64))
+            sizes, first = np.asarray(every)[self.ids], (np.cumsum(every, dtype=np.int64) - every)[self.ids]
+        small = np.int32 if fed.num_train < 2**31 else np.int64  # the file's rows, and each client's first among them
+        self.sizes, self.first = sizes.astype(small), first.astype(small)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[int]:
+        return (int(c) for c in self.ids)
 
     def __getitem__(self, client: int) -> ClientData:
-        if not self._has(np.array([client])):
-            raise KeyError(client)
         b = self.batch(np.array([client]))
         return ClientData(int(client), b.x, b.y)
+
+    def _index(self, clients: np.ndarray) -> np.ndarray:
+        """The positions of `clients` among this shard's; KeyError naming those it does not hold."""
+        c = np.asarray(clients, dtype=np.int64)
+        if isinstance(self.ids, range):
+            i = c - self.ids.start
+            held = (i >= 0) & (i < len(self.ids))
+        else:
+            i = np.minimum(np.searchsorted(self.ids, c), len(self.ids) - 1)
+            held = self.ids[i] == c if len(self.ids) else np.zeros(len(c), dtype=bool)
+        if not held.all():
+            raise KeyError(f"clients not in this shard: {c[~held][:5].tolist()}")
+        return i
 
     def batch(self, clients: np.ndarray) -> ClientBatch:
         """The clients `clients` as one ClientBatch over their rows, read now."""
         i = self._index(clients)
-        x, y = read_rows_of(self.path, self.first[i], self.sizes[i])
-        sizes = self.sizes[i]
+        sizes = self.sizes[i].astype(np.int64)
+        x, y = read_rows_of(self.path, self.first[i], sizes)
         return ClientBatch(np.asarray(clients, dtype=np.int64), np.cumsum(sizes) - sizes, sizes,
                            torch.as_tensor(x, dtype=self.dtype, device=self.device), torch.as_tensor(y, device=self.device))
 
@@ -138,7 +155,7 @@ class ClientShard:
         self.fed = FederatedData.from_dict(data)
         self.algo = experiment.algorithm_for(self.fed, device)
         dtype = DTYPES[self.cfg.model.dtype]
-        self.data: ClientRows
+        self.data: ClientRows | StoredClientRows
         if on_disk(self.cfg.data, self.fed.num_train, self.fed.feature_shape):
             self.data = StoredClientRows(self.fed, clients, dtype, device)
         else:

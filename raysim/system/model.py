@@ -6,7 +6,9 @@ clients' uploads through the server's queue, then the server's own oracle calls 
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -15,6 +17,9 @@ from raysim.core.rng import SERVER, stream
 from raysim.system.compute import compute_time, speed_factors
 from raysim.system.config import SystemConfig
 from raysim.system.queue import burke_completions, explicit_completions
+
+
+PREFIX_DRAWS = 1 << 22  # client ids below this take their compute-time uniforms from one prefix draw
 
 
 @dataclass
@@ -44,11 +49,8 @@ class SystemModel:
         self.cfg = cfg
         self.seed = seed
         self.num_clients = num_clients
-        self.speed = (
-            speed_factors(num_clients, cfg.compute.speed_sigma, seed)
-            if cfg.compute.speed == "lognormal"
-            else np.ones(num_clients)
-        )
+        # lognormal factors are one draw for every client; equal speeds need no array (10^8 clients: 800 MB)
+        self.speed = speed_factors(num_clients, cfg.compute.speed_sigma, seed) if cfg.compute.speed == "lognormal" else None
 
     def calls(self, cost: Cost) -> int:
         """Oracle calls of a cost in the configured unit: per-sample calls or minibatch steps."""
@@ -67,9 +69,22 @@ class SystemModel:
         """
         c = self.cfg.compute
         idx = np.asarray(clients, dtype=np.int64)
-        u = stream(self.seed, round, SERVER, "client_compute").random(int(idx.max()) + 1 if idx.size else 0)
         calls = self.calls_of(as_costs(costs)).astype(float)
-        return np.atleast_1d(compute_time(calls, u[idx], c.shift, c.rate, self.speed[idx]))
+        speed = 1.0 if self.speed is None else self.speed[idx]
+        return np.atleast_1d(compute_time(calls, self._uniforms(round, idx), c.shift, c.rate, speed))
+
+    def _uniforms(self, round: int, idx: np.ndarray) -> np.ndarray:
+        """Uniform number idx[i] of the round's "client_compute" stream for each i: the prefix up to the largest id
+        drawn at once, or, beyond PREFIX_DRAWS, each taken alone from a copy of the stream advanced to it (a
+        double is one 64-bit draw of PCG64), so 10^8 registered clients cost nothing per round but the round's."""
+        gen = stream(self.seed, round, SERVER, "client_compute")
+        if not idx.size or int(idx.max()) < PREFIX_DRAWS:
+            return gen.random(int(idx.max()) + 1 if idx.size else 0)[idx]
+        bits = cast(np.random.PCG64, gen.bit_generator)  # stream's bit generator
+        out = np.empty(idx.size)
+        for i, c in enumerate(idx.tolist()):
+            out[i] = copy.deepcopy(bits).advance(c).random_raw() >> 11
+        return out * 2.0**-53
 
     def server_compute_time(self, round: int, cost: Cost) -> float:
         """The server's compute time b*shift + Erlang(b, rate), mean 2b by default (20)."""

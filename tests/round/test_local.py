@@ -90,7 +90,7 @@ def test_rows_read_from_disk_each_round_give_the_same_bits_and_a_shard_holds_non
     from raysim.config import load_config
     from raysim.data import build_federated
     from raysim.round.experiment import Experiment
-    from raysim.round.shard import ClientShard
+    from raysim.round.shard import ClientShard, StoredClientRows
 
     held = raysim.run(CHUNKED, out=tmp_path / "held", backend="local")
     read = raysim.run(CHUNKED, out=tmp_path / "read", backend="local", data__client_rows="disk")
@@ -100,6 +100,7 @@ def test_rows_read_from_disk_each_round_give_the_same_bits_and_a_shard_holds_non
     cfg = load_config(CHUNKED, {"data.client_rows": "disk"})
     fed = build_federated(cfg.data, cfg.seed, tmp_path / "data")
     shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients))
-    assert shard.data.x.numel() == 0 and len(shard.states) == 0
+    assert isinstance(shard.data, StoredClientRows) and len(shard.states) == 0
+    assert shard.data.first.nbytes + shard.data.sizes.nbytes == 8 * fed.num_clients  # no rows: 8 bytes a client
     shard.train(1, [5, 700, 3], shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast, reduce=True)
     assert len(shard.states) == 0  # fedavg's clients keep no state: nothing held per client

@@ -206,3 +206,16 @@ def test_mean_round_time(run_round):
     t = np.array([run_round(model, r, costs).round_time for r in range(rounds)])
     # 4 s.e. of the Monte Carlo mean of a Type A round: b + E max_k Erlang(b) + phi*k.
     assert abs(t.mean() - (expected_compute_phase(b, k) + phi * k)) < 4 * t.std(ddof=1) / math.sqrt(rounds)
+
+
+def test_ids_past_the_prefix_draw_get_the_very_uniforms_of_the_prefix(monkeypatch):
+    """Client ids beyond PREFIX_DRAWS take their uniform from a stream copy advanced to it: the same numbers as
+    the one prefix draw, so a federation of 10^8 clients keeps every client's compute time."""
+    import raysim.system.model as model
+
+    clients = np.array([4, 0, 1999, 733, 734])
+    costs = [Cost(oracle_calls=3 + i) for i in range(len(clients))]
+    prefix = _model(seed=5, num_clients=2000).client_compute_times(7, clients, costs)
+    monkeypatch.setattr(model, "PREFIX_DRAWS", 100)
+    advanced = _model(seed=5, num_clients=2000).client_compute_times(7, clients, costs)
+    assert np.array_equal(prefix, advanced)
