@@ -5,10 +5,11 @@ and torch are imported at the top and Flower inside `main`. raysim's benchmark w
 (`write_task`): the pooled training rows and each client's indices into them (raysim's split), the
 test set, raysim's initial weights, and for every round the clients FedAvg's plan selects with each
 one's minibatches (row indices, -1 padding), and the server's evaluation (every `eval_every` rounds and
-the last, train loss on `eval_rows`). benchmarks/pfl_peer.py reads the same file. The ClientApp trains
+the last, train loss on `eval_rows`); benchmarks/pfl_peer.py reads the same file. The ClientApp trains
 the client named in its message on those minibatches with torch.optim.SGD; Flower's own FedAvg
-aggregates; the server evaluates the global model when raysim's does. Events go to stdout as `speed {json}` lines: `begun` when round 1 is
-configured, `round` after each round's evaluation, both with the epoch time.
+aggregates; the server evaluates the global model when raysim's does. Events go to stdout as
+`speed {json}` lines: `ready` once the task is read, `begun` when round 1 is configured, `round` after
+each round (with the metrics when the server evaluated), all with the epoch time.
 
 Run: python benchmarks/flower_peer.py TASK.npz
 """

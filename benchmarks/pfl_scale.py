@@ -42,21 +42,24 @@ def load_benchmark(name: str) -> ModuleType:
 speed, overhead = load_benchmark("speed"), load_benchmark("overhead")
 
 
-def raysim_round(per_round: int, rounds: int, backend: str, out: Path) -> tuple[float, float]:
-    """raysim's steady round (mean wall seconds between round ends, rounds 2..) and final test accuracy."""
+def raysim_round(per_round: int, rounds: int, backend: str, out: Path) -> tuple[float, float, float]:
+    """raysim's steady round (mean wall seconds between round ends, rounds 2..), final test accuracy and loss."""
     clock = speed.RoundClock()
     result = raysim.run(overhead.config(per_round, rounds, backend), out=out, on_round=clock.mark)
-    return float(np.mean(np.diff(clock.wall))), float(result.rounds["test_accuracy"].iloc[-1])
+    last = result.rounds.iloc[-1]
+    return float(np.mean(np.diff(clock.wall))), float(last["test_accuracy"]), float(last["test_loss"])
 
 
-def pfl_round(python: str, per_round: int, rounds: int, work: Path) -> tuple[float, float, float]:
-    """pfl's steady round (as raysim's, from its round events), final test accuracy and one test sample's share."""
+def pfl_round(python: str, per_round: int, rounds: int, work: Path) -> tuple[float, float, float, float]:
+    """pfl's steady round (as raysim's, from its round events), final test accuracy and loss, and one test
+    sample's share of the accuracy."""
     task = work / "task.npz"
     peer = speed.load_flower_peer()
     exported = speed.peer_task(load_config(overhead.config(per_round, rounds, "local")), work / "data")
     peer.write_task(task, exported)
     metrics, clock, *_ = speed.run_peer_task("pfl", python, task, rounds, work / "pfl.log")
-    return float(np.mean(np.diff(clock.wall)[1:])), metrics["test_accuracy"], 1 / len(exported.test_y)
+    steady = float(np.mean(np.diff(clock.wall)[1:]))
+    return steady, metrics["test_accuracy"], metrics["test_loss"], 1 / len(exported.test_y)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,14 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 2:
         ap.error("--rounds: at least 2 (round 1 is left out of the steady round)")
     print(f"{speed.machine()}; pfl: {speed.versions(args.pfl, 'pfl', 'torch')}, {speed.PFL_WORKERS} workers")
-    print(f"{'clients/round':>13} {'system':>12} {'steady round s':>15} {'/ pfl':>7} {'test acc':>9}")
+    print(f"{'clients/round':>13} {'system':>12} {'steady round s':>15} {'/ pfl':>7} {'test acc':>9} {'test loss':>10}")
     with tempfile.TemporaryDirectory(prefix="raysim-pfl-scale-") as tmp:
         for n in args.per_round:
-            pfl_s, pfl_acc, sample = pfl_round(args.pfl, n, args.rounds, Path(tmp) / f"pfl-{n}")
-            print(f"{n:>13,} {'pfl':>12} {pfl_s:>15.4f} {1:>7.2f} {pfl_acc:>9.4f}", flush=True)
+            pfl_s, pfl_acc, pfl_loss, sample = pfl_round(args.pfl, n, args.rounds, Path(tmp) / f"pfl-{n}")
+            print(f"{n:>13,} {'pfl':>12} {pfl_s:>15.4f} {1:>7.3f} {pfl_acc:>9.4f} {pfl_loss:>10.6f}", flush=True)
             for backend in args.backends:
-                steady, acc = raysim_round(n, args.rounds, backend, Path(tmp) / f"{backend}-{n}")
-                print(f"{n:>13,} {'raysim ' + backend:>12} {steady:>15.4f} {steady / pfl_s:>7.3f} {acc:>9.4f}", flush=True)
+                steady, acc, loss = raysim_round(n, args.rounds, backend, Path(tmp) / f"{backend}-{n}")
+                print(f"{n:>13,} {'raysim ' + backend:>12} {steady:>15.4f} {steady / pfl_s:>7.3f} {acc:>9.4f} {loss:>10.6f}",
+                      flush=True)
                 assert abs(acc - pfl_acc) <= sample, f"pfl's final test accuracy differs from raysim's by {abs(acc - pfl_acc):.1e}"
     return 0
 
