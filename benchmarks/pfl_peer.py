@@ -140,7 +140,8 @@ def main(argv: list[str]) -> None:
         return Central(Dataset((x, y)), format_fn=lambda n: StringMetricName(f"{name} {n}"))
 
     class Events(TrainingProcessCallback):
-        """Rank 0's event lines for benchmarks/speed.py; last among the callbacks, so a round's includes its evaluation."""
+        """Rank 0's event lines for benchmarks/speed.py; last among the callbacks, so a round's line comes after its
+        evaluation."""
 
         def on_train_begin(self, *, model: PyTorchModel) -> Metrics:
             if lead:

@@ -69,7 +69,8 @@ TARGETS = {"round_vs_vectorized": 1.3, "launch_vs_torch": 2.0, "pss_vs_torch": 2
 FLOWER_SCRIPT = Path(__file__).with_name("flower_peer.py")
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}  # Flower otherwise posts usage events to its servers
 PFL_SCRIPT = Path(__file__).with_name("pfl_peer.py")
-PFL_WORKERS = 2  # pfl's processes (torchrun, a torch thread each): on 2 cores 1.5x one's pace at 10 clients, 2x at 10^4, 3 slower
+# pfl's processes (torchrun, a torch thread each): on 2 cores, 1.5x one's pace at 10 clients, 2x at 10^4 a round; 3 are slower
+PFL_WORKERS = 2
 PFL_ENV = {"PFL_PYTORCH_DEVICE": "cpu"}  # pfl's documented override of its default device
 PEER_ACC_TOL = 1 / 359  # one of the 359 test samples of digits: the peers sum the clients' weights in their own order
 
@@ -122,7 +123,8 @@ def peer_task(cfg: ExperimentConfig, data_dir: Path):
     selected, batches = [], []
     for t in range(1, cfg.algorithm.rounds + 1):
         chosen = np.asarray(algo.plan(state, t, stream(cfg.seed, t, SERVER, "plan")).clients)
-        plan = batch_plans(sizes[chosen], p.batch_size, p.local_steps, p.local_epochs, Keys(cfg.seed, t, chosen, STEP_PURPOSE))
+        keys = Keys(cfg.seed, t, chosen, STEP_PURPOSE)
+        plan = batch_plans(sizes[chosen], p.batch_size, p.local_steps, p.local_epochs, keys)
         selected.append(chosen)
         batches.append(np.where(plan.w > 0, plan.idx, -1))
     init = spec.unflatten(torch.tensor(state.params, dtype=dtype))
