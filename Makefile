@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 FLOWER_VENV ?= .venv-flower
+PFL_VENV ?= .venv-pfl
 
 .PHONY: setup demo test test-slow typecheck lock report clean bench-peers
 
@@ -52,10 +53,18 @@ $(FLOWER_VENV)/.installed: benchmarks/flower-constraints.txt
 	$(FLOWER_VENV)/bin/pip install -q -c benchmarks/flower-constraints.txt 'flwr[simulation]==1.42.0'
 	touch $@
 
-# raysim, Flower, the plain torch loop and the vectorized limit on one task, side by side (CPU-heavy, about
-# 15 minutes on 2 idle cores): prints issue 17's table and writes benchmarks/results/peers.md.
-bench-peers: setup $(FLOWER_VENV)/.installed
-	$(PY) benchmarks/speed.py --flower $(FLOWER_VENV)/bin/python --rounds 10 --repeats 3
+# Apple's pfl-research for the peer benchmark, in a virtual environment of its own too (pfl 0.6 pins packaging
+# below 26, raysim's has 26.3); torch is the same 2.13.0 CPU build, for pfl's PyTorch backend.
+$(PFL_VENV)/.installed: benchmarks/pfl-constraints.txt
+	python3 -m venv $(PFL_VENV)
+	$(PFL_VENV)/bin/pip install -q torch==2.13.0
+	$(PFL_VENV)/bin/pip install -q -c benchmarks/pfl-constraints.txt 'pfl[pytorch]==0.6.0'
+	touch $@
+
+# raysim, Flower, pfl, the plain torch loop and the vectorized limit on one task, side by side (CPU-heavy,
+# about 20 minutes on 2 idle cores): prints issues 17 and 30's table and writes benchmarks/results/peers.md.
+bench-peers: setup $(FLOWER_VENV)/.installed $(PFL_VENV)/.installed
+	$(PY) benchmarks/speed.py --flower $(FLOWER_VENV)/bin/python --pfl $(PFL_VENV)/bin/python --rounds 10 --repeats 3
 
 clean:
 	rm -rf runs .pytest_cache

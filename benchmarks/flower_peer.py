@@ -4,10 +4,12 @@ It runs in a virtual environment of its own (`make bench-peers` builds `.venv-fl
 and torch are imported at the top and Flower inside `main`. raysim's benchmark writes the task file
 (`write_task`): the pooled training rows and each client's indices into them (raysim's split), the
 test set, raysim's initial weights, and for every round the clients FedAvg's plan selects with each
-one's minibatches (row indices, -1 padding). The ClientApp trains the client named in its message on
-those minibatches with torch.optim.SGD; Flower's own FedAvg aggregates; the server evaluates the
-global model after every round. Events go to stdout as `speed {json}` lines: `begun` when round 1 is
-configured, `round` after each round's evaluation, both with the epoch time.
+one's minibatches (row indices, -1 padding), and the server's evaluation (every `eval_every` rounds and
+the last, train loss on `eval_rows`); benchmarks/pfl_peer.py reads the same file. The ClientApp trains
+the client named in its message on those minibatches with torch.optim.SGD; Flower's own FedAvg
+aggregates; the server evaluates the global model when raysim's does. Events go to stdout as
+`speed {json}` lines: `ready` once the task is read, `begun` when round 1 is configured, `round` after
+each round (with the metrics when the server evaluated), all with the epoch time.
 
 Run: python benchmarks/flower_peer.py TASK.npz
 """
@@ -31,9 +33,10 @@ RAY_CPUS = 2
 
 @dataclass
 class Task:
-    """Everything the Flower run needs, as raysim made it. `selected[t - 1]` are round t's clients and
+    """Everything a peer's run needs, as raysim made it. `selected[t - 1]` are round t's clients and
     `batches[t - 1][i]` the minibatches ([steps, batch] row indices of the client's own data, -1 pads)
-    of `selected[t - 1][i]`."""
+    of `selected[t - 1][i]`. The server evaluates after every `eval_every`-th round and the last: test
+    accuracy and loss, and the loss on the pooled training rows `eval_rows`."""
 
     train_x: np.ndarray
     train_y: np.ndarray
@@ -45,6 +48,8 @@ class Task:
     lr: float
     selected: list[np.ndarray]
     batches: list[np.ndarray]
+    eval_rows: np.ndarray
+    eval_every: int
 
     @property
     def num_clients(self) -> int:
@@ -53,6 +58,10 @@ class Task:
     @property
     def rounds(self) -> int:
         return len(self.selected)
+
+    def evaluates(self, round: int) -> bool:
+        """Whether the server evaluates after `round` (1-based), as raysim's does."""
+        return round % self.eval_every == 0 or round == self.rounds
 
     def client(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         """Client c's (x, y)."""
@@ -89,6 +98,7 @@ def read_task(path: Path) -> Task:
                 values[f.name] = z[f.name]
     values["names"] = [str(n) for n in values["names"]]
     values["lr"] = float(values["lr"])
+    values["eval_every"] = int(values["eval_every"])
     return Task(**values)
 
 
@@ -126,12 +136,13 @@ def train_client(model: nn.Module, state: dict[str, torch.Tensor], x: np.ndarray
 
 
 def evaluate(model: nn.Module, state: dict[str, torch.Tensor], task: Task) -> dict[str, float]:
-    """What raysim's server reports: test accuracy and loss, and the loss on the pooled training rows."""
+    """What raysim's server reports: test accuracy and loss, and the loss on the pooled training rows it samples."""
     model.load_state_dict(state)
     with torch.no_grad():
         out = model(torch.from_numpy(task.test_x))
         test_y = torch.from_numpy(task.test_y)
-        train_loss = F.cross_entropy(model(torch.from_numpy(task.train_x)), torch.from_numpy(task.train_y))
+        rows = torch.from_numpy(task.eval_rows)
+        train_loss = F.cross_entropy(model(torch.from_numpy(task.train_x)[rows]), torch.from_numpy(task.train_y)[rows])
     return {"test_accuracy": float((out.argmax(1) == test_y).double().mean()),
             "test_loss": float(F.cross_entropy(out, test_y)), "train_loss": float(train_loss)}
 
@@ -191,6 +202,9 @@ def main(argv: list[str]) -> None:
 
     def evaluate_fn(server_round, arrays):
         if server_round == 0:
+            return None
+        if not task.evaluates(server_round):
+            emit("round", round=server_round)
             return None
         metrics = evaluate(model, arrays.to_torch_state_dict(), task)
         emit("round", round=server_round, **metrics)

@@ -15,13 +15,15 @@ process and all its descendants (Ray's processes for raysim), sampled by a backg
 With `--repeats R` every figure is the median of R runs.
 
 With `--flower PYTHON` (what `make bench-peers` passes: the python of `.venv-flower`, where Flower and its
-own Ray live apart from raysim's) Flower's Simulation Engine runs the same task as a fourth system
-(benchmarks/flower_peer.py): raysim's split, initial weights, selected clients and minibatches are
-exported to a file it reads, so its accuracy must agree with raysim's; its start-up is from its own
-process's launch and its memory the PSS of its process tree (Ray's daemons and ClientApp workers
-included). The peer table of issue 17 is then printed and written to results/peers.md.
+own Ray live apart from raysim's) Flower's Simulation Engine runs the same task as another system
+(benchmarks/flower_peer.py), and with `--pfl PYTHON` (the python of `.venv-pfl`) so does Apple's pfl-research
+(benchmarks/pfl_peer.py, two worker processes under torchrun): raysim's split, initial weights, selected
+clients and minibatches are exported to a file each reads (`peer_task`), so their accuracy must agree with
+raysim's; a peer's start-up is from its own process's launch and its memory the PSS of its process tree
+(Ray's daemons and ClientApp workers for Flower, torchrun's agent and workers for pfl). The peer table of
+issues 17 and 30 is then printed and written to results/peers.md.
 
-Run: python benchmarks/speed.py [--clients 10 100 1000] [--per-round 100] [--rounds 20] [--repeats 3] [--flower PY]
+Run: python benchmarks/speed.py [--clients 10 100 1000] [--per-round 100] [--rounds 20] [--repeats 3] [--flower PY] [--pfl PY]
 """
 from __future__ import annotations
 
@@ -46,15 +48,17 @@ from torch.func import functional_call, grad, vmap
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.contract import EvalData
+from raysim.core.keys import Keys
 from raysim.core.memory import PeakMemory
-from raysim.core.rng import SERVER, stream
+from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import build_federated, read_clients, read_table_arrays
 from raysim.models import DTYPES, ParamSpec, build_model
 from raysim.round.experiment import make_algorithm
-from raysim.training import ServerState, batch_plan
+from raysim.training import LocalSGD, ServerState, batch_plan, batch_plans
 
-SYSTEMS = ("raysim", "flower", "sequential", "vectorized", "stacked")
-BASE_SYSTEMS = ("raysim", "sequential", "vectorized", "stacked")  # what runs without --flower
+SYSTEMS = ("raysim", "flower", "pfl", "sequential", "vectorized", "stacked")
+BASE_SYSTEMS = ("raysim", "sequential", "vectorized", "stacked")  # what runs without --flower and --pfl
+PEERS = {"flower": "Flower", "pfl": "pfl"}  # systems run in a child process under another python, and their names
 STEP_PURPOSE = "step"  # the stream a shard hands the client step (raysim/round/shard.py, ClientShard._steps)
 PLAIN_FEDAVG = {"server_lr": 1.0, "weighting": "samples", "theta0": "model_init", "loss": "ce", "l2": 0.0,
                 "lr_schedule": "constant", "quantizer": "none"}  # what the references implement
@@ -64,7 +68,11 @@ MATCH_TOL = 1e-5
 TARGETS = {"round_vs_vectorized": 1.3, "launch_vs_torch": 2.0, "pss_vs_torch": 2.5}  # issue 17
 FLOWER_SCRIPT = Path(__file__).with_name("flower_peer.py")
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0"}  # Flower otherwise posts usage events to its servers
-FLOWER_ACC_TOL = 1 / 359  # one of the 359 test samples of digits: Flower sums the clients' weights in reply order
+PFL_SCRIPT = Path(__file__).with_name("pfl_peer.py")
+# pfl's processes (torchrun, a torch thread each): on 2 cores, 1.5x one's pace at 10 clients, 2x at 10^4 a round; 3 are slower
+PFL_WORKERS = 2
+PFL_ENV = {"PFL_PYTORCH_DEVICE": "cpu"}  # pfl's documented override of its default device
+PEER_ACC_TOL = 1 / 359  # one of the 359 test samples of digits: the peers sum the clients' weights in their own order
 
 
 def load_flower_peer():
@@ -75,6 +83,57 @@ def load_flower_peer():
         sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
     return sys.modules["flower_peer"]
+
+
+def pfl_command(python: str, task: Path, workers: int = PFL_WORKERS) -> list[str]:
+    """How pfl's documentation runs a PyTorch simulation on `workers` processes of one machine: `torchrun --standalone
+    --nnodes=1 --nproc_per_node=N train.py` (one process is plain `python train.py`)."""
+    if workers == 1:
+        return [python, str(PFL_SCRIPT), str(task)]
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={workers}",
+            str(PFL_SCRIPT), str(task)]
+
+
+def check_plain_fedavg(algo: LocalSGD) -> None:
+    """Raise unless `algo` is the plain FedAvg the references and peers implement (PLAIN_FEDAVG, mu 0)."""
+    unlike = {k: v for k, v in PLAIN_FEDAVG.items() if getattr(algo.params, k) != v}
+    if unlike or algo.mu != 0.0:
+        raise ValueError(f"the references and peers implement plain FedAvg ({PLAIN_FEDAVG}, mu 0); config differs: {unlike}")
+
+
+def peer_task(cfg: ExperimentConfig, data_dir: Path):
+    """The task as a peer reads it (flower_peer.Task), built in `data_dir` as raysim builds it: the pooled training
+    rows and each client's row indices (its split), the test set, the initial weights, every round's clients (FedAvg's
+    plan) with their minibatches (the shards' keyed batch plans, -1 pads) and the server's evaluation schedule and
+    training-loss sample (raysim.round.engine.eval_data's)."""
+    fed = build_federated(cfg.data, cfg.seed, data_dir)
+    algo = make_algorithm(cfg, fed)
+    check_plain_fedavg(algo)
+    dtype = DTYPES[cfg.model.dtype]
+    spec = ParamSpec.of(build_model(cfg.model, fed.feature_shape, fed.image_shape, fed.num_classes))
+    x, y = read_table_arrays(fed.train_path)
+    tx, ty = read_table_arrays(fed.test_path)
+    client_id = pq.read_table(fed.train_path, columns=["client_id"]).column("client_id").to_numpy()
+    order = np.argsort(client_id, kind="stable")
+    client_rows = np.split(order, np.cumsum(np.bincount(client_id, minlength=fed.num_clients))[:-1])
+    n = len(y)
+    eval_rows = np.arange(n) if n <= cfg.eval.train_samples else \
+        np.sort(stream(cfg.seed, SETUP, SERVER, "eval_train").choice(n, cfg.eval.train_samples, replace=False))
+    state, p, sizes = algo.init(), algo.params, np.asarray(fed.client_sizes)
+    selected, batches = [], []
+    for t in range(1, cfg.algorithm.rounds + 1):
+        chosen = np.asarray(algo.plan(state, t, stream(cfg.seed, t, SERVER, "plan")).clients)
+        keys = Keys(cfg.seed, t, chosen, STEP_PURPOSE)
+        plan = batch_plans(sizes[chosen], p.batch_size, p.local_steps, p.local_epochs, keys)
+        selected.append(chosen)
+        batches.append(np.where(plan.w > 0, plan.idx, -1))
+    init = spec.unflatten(torch.tensor(state.params, dtype=dtype))
+    as_model = np.dtype(cfg.model.dtype)
+    return load_flower_peer().Task(
+        train_x=x.astype(as_model), train_y=y.astype(np.int64), client_rows=client_rows,
+        test_x=tx.astype(as_model), test_y=ty.astype(np.int64), names=list(spec.names),
+        init=[v.numpy() for v in init.values()], lr=float(p.lr), selected=selected, batches=batches,
+        eval_rows=eval_rows, eval_every=cfg.eval.every)
 
 
 def experiment(num_clients: int, rounds: int, seed: int = 0, per_round: int | None = None) -> dict:
@@ -97,14 +156,15 @@ def process_tree() -> list[psutil.Process]:
 
 
 def tree_cpu_seconds() -> float:
-    """User + system CPU seconds used so far by this process and its descendants."""
+    """User + system CPU seconds used so far by this process and its descendants, those that have exited and been
+    waited for included (a peer's workers exit right after their last round's event)."""
     total = 0.0
     for p in process_tree():
         try:
             t = p.cpu_times()
         except psutil.Error:
             continue
-        total += t.user + t.system
+        total += t.user + t.system + t.children_user + t.children_system
     return total
 
 
@@ -118,9 +178,7 @@ class Federation:
         self.cfg = cfg
         self.data = fed
         self.algo = make_algorithm(cfg, fed)
-        unlike = {k: v for k, v in PLAIN_FEDAVG.items() if getattr(self.algo.params, k) != v}
-        if unlike or self.algo.mu != 0.0:
-            raise ValueError(f"the references implement plain FedAvg ({PLAIN_FEDAVG}, mu 0); config differs: {unlike}")
+        check_plain_fedavg(self.algo)
         self.dtype = DTYPES[cfg.model.dtype]
         self.module = build_model(cfg.model, fed.feature_shape, fed.image_shape, fed.num_classes)
         self.spec = ParamSpec.of(self.module)
@@ -147,28 +205,6 @@ class Federation:
 
     def evaluate(self, theta: torch.Tensor) -> dict[str, float]:
         return self.algo.evaluate(ServerState(theta.numpy()), self.eval)
-
-    def flower_task(self):
-        """The task as Flower's side reads it (flower_peer.Task): raysim's pooled training rows and each
-        client's row indices, initial weights, and every round's clients and minibatches (-1 pads)."""
-        peer = load_flower_peer()
-        client_id = pq.read_table(self.data.train_path, columns=["client_id"]).column("client_id").to_numpy()
-        init = self.spec.unflatten(torch.tensor(self.algo.init().params, dtype=self.dtype))
-        selected, batches = [], []
-        for t in range(1, self.cfg.algorithm.rounds + 1):
-            chosen = self.chosen(t)
-            plans = self.plans(t, chosen)
-            padded = np.full((len(plans), max(len(p.idx) for p in plans), max(p.idx.shape[1] for p in plans)), -1)
-            for i, p in enumerate(plans):
-                padded[i, : p.idx.shape[0], : p.idx.shape[1]] = np.where(p.w > 0, p.idx, -1)
-            selected.append(chosen)
-            batches.append(padded)
-        return peer.Task(
-            train_x=self.eval.train_x.numpy(), train_y=self.eval.train_y.numpy(),
-            client_rows=[np.flatnonzero(client_id == c) for c in range(len(self.x))],
-            test_x=self.eval.test_x.numpy(), test_y=self.eval.test_y.numpy(),
-            names=list(self.spec.names), init=[v.numpy() for v in init.values()], lr=float(self.algo.params.lr),
-            selected=selected, batches=batches)
 
 
 class Sequential:
@@ -324,18 +360,22 @@ def run_raysim(cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, 
     return metrics, clock, result.info, clock.wall[0] - (t0 + result.info["startup_s"])
 
 
-def run_flower(python: str, cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, float, float, PeakMemory]:
-    """Export the task, then run benchmarks/flower_peer.py under `python` with the memory sampler on its
-    process tree: (final metrics, clock marked at round 1 begun and after each round, launch epoch
-    second, epoch second of its task read, sampler)."""
-    task = workdir / "flower-task.npz"
-    load_flower_peer().write_task(task, Federation(cfg, workdir / "data").flower_task())
-    log = workdir / "flower.log"
+def run_peer(system: str, python: str, cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, float, float, PeakMemory]:
+    """Export the task, then run the peer's script (benchmarks/flower_peer.py or pfl_peer.py) under `python` with
+    the memory sampler on its process tree: (final metrics, clock marked at round 1 begun and after each round,
+    launch epoch second, epoch second of its task read, sampler)."""
+    task = workdir / f"{system}-task.npz"
+    load_flower_peer().write_task(task, peer_task(cfg, workdir / "data"))
+    return run_peer_task(system, python, task, cfg.algorithm.rounds, workdir / f"{system}.log")
+
+
+def run_peer_task(system: str, python: str, task: Path, rounds: int, log: Path) -> tuple[dict, RoundClock, float, float, PeakMemory]:
+    """Run a peer on an exported task of `rounds` rounds, reading its event lines (see `run_peer`)."""
+    cmd, env = ([python, str(FLOWER_SCRIPT), str(task)], FLOWER_ENV) if system == "flower" else (pfl_command(python, task), PFL_ENV)
     clock, metrics, ready = RoundClock(), {}, None
     with open(log, "w") as err:
         launched = time.time()
-        proc = subprocess.Popen([python, str(FLOWER_SCRIPT), str(task)], stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, **FLOWER_ENV})
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **env})
         root = psutil.Process(proc.pid)
 
         def tree() -> list[psutil.Process]:
@@ -354,27 +394,27 @@ def run_flower(python: str, cfg: ExperimentConfig, workdir: Path) -> tuple[dict,
                     ready = event["t"]
                     continue
                 clock.mark_at(event["t"])
-                if event["event"] == "round":
+                if "test_accuracy" in event:
                     metrics = event
             code = proc.wait()
-    if code != 0 or len(clock.wall) != cfg.algorithm.rounds + 1:
-        raise RuntimeError(f"Flower exited with status {code} after {len(clock.wall)} events; its log: {log}\n"
+    if code != 0 or len(clock.wall) != rounds + 1:
+        raise RuntimeError(f"{PEERS[system]} exited with status {code} after {len(clock.wall)} events; its log: {log}\n"
                            + "\n".join(log.read_text().splitlines()[-20:]))
     return metrics, clock, launched, ready, sampler
 
 
 def measure(system: str, num_clients: int, per_round: int, rounds: int, seed: int, workdir: Path,
-            launched: float, flower: str | None = None) -> Measurement:
+            launched: float, peers: dict[str, str] | None = None) -> Measurement:
     """Run one system in this process (launched at epoch second `launched`) with the memory sampler
-    on; writes the final parameters of a reference. Flower runs in a child process under the python
-    `flower`, launched and measured here."""
+    on; writes the final parameters of a reference. A peer (Flower, pfl) runs in a child process under
+    its python in `peers`, launched and measured here."""
     torch.set_num_threads(1)
     cfg = load_config(experiment(num_clients, rounds, seed, per_round))
-    if system == "flower":
-        metrics, clock, launched, ready, sampler = run_flower(flower, cfg, workdir)
+    if system in PEERS:
+        metrics, clock, launched, ready, sampler = run_peer(system, (peers or {})[system], cfg, workdir)
         wall, cpu = np.diff(clock.wall)[1:], np.diff(clock.cpu)[1:]
         steady = float(np.median(wall))  # Flower starts Ray and its workers while round 1 is under way:
-        startup = clock.epoch[1] - steady - ready  # its start-up is round 1's excess over a steady round
+        startup = clock.epoch[1] - steady - ready  # a peer's start-up is round 1's excess over a steady round
         return Measurement(system, num_clients, rounds, clock.epoch[0] - launched, startup, 0.0, 0.0, 0.0,
                            clock.wall[1] - clock.wall[0], steady, float(np.mean(cpu)),
                            sampler.peak / 2**20, sampler.processes, metrics["test_accuracy"], metrics["test_loss"],
@@ -399,14 +439,14 @@ def measure(system: str, num_clients: int, per_round: int, rounds: int, seed: in
 
 
 def measure_in_subprocess(system: str, num_clients: int, per_round: int, rounds: int, seed: int, workdir: Path,
-                          flower: str | None = None) -> Measurement:
+                          peers: dict[str, str] | None = None) -> Measurement:
     """`measure` in a fresh Python process, so start-up and memory are that system's alone."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / f"{system}.json"
     for attempt in range(1, ATTEMPTS + 1):
         cmd = [sys.executable, __file__, "--one", system, "--clients", str(num_clients), "--per-round", str(per_round),
                "--rounds", str(rounds), "--seed", str(seed), "--workdir", str(workdir), "--launched", repr(time.time()),
-               *(["--flower", flower] if flower else [])]
+               *[a for peer, python in (peers or {}).items() for a in (f"--{peer}", python)]]
         if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode == 0:
             break
         print(f"{system} at {num_clients} clients failed (attempt {attempt} of {ATTEMPTS}; on an overloaded machine"
@@ -437,31 +477,37 @@ def ratios(rows: list[Measurement]) -> list[dict]:
 
 
 def peer_table(rows: list[Measurement], per_round: int) -> list[str]:
-    """Issue 17's table from this run: per client count, seconds per steady round, start-up (`ready_s`), summed
-    PSS and final test accuracy of raysim, Flower, the torch loop and the limit, with their ratios."""
+    """Issues 17 and 30's table from this run: per client count, seconds per steady round, start-up (`ready_s`), summed
+    PSS and final test accuracy of raysim, the peers that ran (Flower, pfl), the torch loop and the limit, with
+    their ratios (a peer's round against raysim's: how many times raysim's round it takes)."""
     by = {(m.system, m.clients): m for m in rows}
+    peers = [p for p in PEERS if any(m.system == p for m in rows)]
+    names = [PEERS[p] for p in peers]
+    both = ", ".join(["raysim", *names])
     lines = [
-        "| clients (per round) | s/round raysim | Flower | torch | limit | raysim / limit | Flower / raysim |"
-        " start-up s raysim / Flower / torch | start-up / torch: raysim, Flower | summed PSS MB raysim / Flower / torch |"
-        " PSS / torch: raysim, Flower | test acc raysim / Flower / torch / limit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| clients (per round) | s/round raysim | {' | '.join(names)} | torch | limit | raysim / limit |"
+        f" {' | '.join(f'{name} / raysim' for name in names)} | start-up s {' / '.join(['raysim', *names, 'torch'])} |"
+        f" start-up / torch: {both} | summed PSS MB {' / '.join(['raysim', *names, 'torch'])} | PSS / torch: {both} |"
+        f" test acc {' / '.join(['raysim', *names, 'torch', 'limit'])} |",
+        "|---|" + "---:|" * (9 + 2 * len(peers)),
     ]
     for n in sorted({m.clients for m in rows}):
-        r, f, t, v = (by[(s, n)] for s in ("raysim", "flower", "sequential", "vectorized"))
+        r, t, v = (by[(s, n)] for s in ("raysim", "sequential", "vectorized"))
+        own = [by[(p, n)] for p in peers]
         lines.append(
-            f"| {n} ({min(per_round, n)}) | {r.round_s:.3f} | {f.round_s:.3f} | {t.round_s:.3f} | {v.round_s:.3f} |"
-            f" {r.round_s / v.round_s:.2f}x | {f.round_s / r.round_s:.1f}x |"
-            f" {r.ready_s:.1f} / {f.ready_s:.1f} / {t.ready_s:.1f} | {r.ready_s / t.ready_s:.2f}x, {f.ready_s / t.ready_s:.2f}x |"
-            f" {r.peak_pss_mb:.0f} / {f.peak_pss_mb:.0f} / {t.peak_pss_mb:.0f} |"
-            f" {r.peak_pss_mb / t.peak_pss_mb:.2f}x, {f.peak_pss_mb / t.peak_pss_mb:.2f}x |"
-            f" {r.test_accuracy:.4f} / {f.test_accuracy:.4f} / {t.test_accuracy:.4f} / {v.test_accuracy:.4f} |")
+            f"| {n} ({min(per_round, n)}) | {r.round_s:.3f} | {' | '.join(f'{m.round_s:.3f}' for m in own)} | {t.round_s:.3f} |"
+            f" {v.round_s:.3f} | {r.round_s / v.round_s:.2f}x | {' | '.join(f'{m.round_s / r.round_s:.1f}x' for m in own)} |"
+            f" {' / '.join(f'{m.ready_s:.1f}' for m in (r, *own, t))} | {', '.join(f'{m.ready_s / t.ready_s:.2f}x' for m in (r, *own))} |"
+            f" {' / '.join(f'{m.peak_pss_mb:.0f}' for m in (r, *own, t))} |"
+            f" {', '.join(f'{m.peak_pss_mb / t.peak_pss_mb:.2f}x' for m in (r, *own))} |"
+            f" {' / '.join(f'{m.test_accuracy:.4f}' for m in (r, *own, t, v))} |")
     return lines
 
 
-def flower_gap(rows: list[Measurement]) -> tuple[float, float]:
-    """The largest |Flower - raysim| over client counts of final test accuracy and of test loss."""
+def peer_gap(rows: list[Measurement], peer: str) -> tuple[float, float]:
+    """The largest |peer - raysim| over client counts of final test accuracy and of test loss."""
     by = {(m.system, m.clients): m for m in rows}
-    pairs = [(by[("flower", n)], by[("raysim", n)]) for n in {m.clients for m in rows}]
+    pairs = [(by[(peer, n)], by[("raysim", n)]) for n in {m.clients for m in rows}]
     return (max(abs(f.test_accuracy - r.test_accuracy) for f, r in pairs),
             max(abs(f.test_loss - r.test_loss) for f, r in pairs))
 
@@ -492,9 +538,9 @@ def machine() -> str:
             " 1 torch thread per process")
 
 
-def flower_versions(python: str) -> str:
-    """Flower's and its Ray's versions in the environment of `python`."""
-    code = "from importlib.metadata import version as v; print(f'flwr {v(\"flwr\")}, its ray {v(\"ray\")}')"
+def versions(python: str, *packages: str) -> str:
+    """The versions of `packages` in the environment of `python`, as "name version, ..."."""
+    code = f"from importlib.metadata import version as v; print(', '.join(f'{{p}} {{v(p)}}' for p in {list(packages)!r}))"
     return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -507,27 +553,28 @@ def median_of(runs: list[Measurement]) -> Measurement:
 
 def markdown(rows: list[Measurement], table: list[dict], checks: list[tuple[str, str, bool]], args: argparse.Namespace,
              load: list[float]) -> str:
-    """The results page: with Flower, issue 17's peer table first; then the systems table, the ratios and the targets."""
-    peers = any(m.system == "flower" for m in rows)
+    """The results page: with a peer (Flower, pfl), the peer table of issues 17 and 30 first; then the systems table,
+    the ratios and the targets."""
+    peers = [p for p in PEERS if any(m.system == p for m in rows)]
     lines = [
-        "# Peers: raysim against Flower, a sequential torch loop and the vectorized limit" if peers else
-        "# Speed: raysim against a sequential torch loop and the vectorized limit",
+        f"# Peers: raysim against {', '.join(PEERS[p] for p in peers)}, a sequential torch loop and the vectorized limit"
+        if peers else "# Speed: raysim against a sequential torch loop and the vectorized limit",
         "",
         f"FedAvg, MLP [64] float32 on digits, Dirichlet(0.5), {args.per_round} clients a round (all when fewer),"
         f" 1 local epoch, batch 10, lr 0.05, {args.rounds} rounds, evaluation every round, medians of {args.repeats}"
         f" run(s); `{'make bench-peers' if peers else 'python benchmarks/speed.py'}`. {machine()}; the machine is shared,"
         " so seconds are noisy: compare ratios from one run. launch s: from the process's launch to round 1 begun"
         " (imports and data included); start-up s: Ray up and actors ready (raysim), data read into tensors"
-        " (references), or from its data read to round 1 done, less a steady round (Flower, which starts Ray and"
+        " (references), or from its task read to round 1 done, less a steady round (a peer: Flower starts Ray and"
         " its workers while round 1 is under way); round s: median of rounds 2.., first round apart;"
         " peak PSS: summed over the process and its descendants."
         f" Load average (1 min) at the start and end of the run: {load[0]:.1f}, {load[1]:.1f}.",
         "",
     ]
-    if peers:
-        acc, loss = flower_gap(rows)
+    if "flower" in peers:
+        acc, loss = peer_gap(rows, "flower")
         lines += [
-            f"Flower ({flower_versions(args.flower)}) runs its Simulation Engine (`run_simulation`, Ray backend,"
+            f"Flower ({versions(args.flower, 'flwr', 'ray')}) runs its Simulation Engine (`run_simulation`, Ray backend,"
             f" {load_flower_peer().RAY_CPUS} CPUs, {load_flower_peer().CLIENT_CPUS} CPU per ClientApp: two ClientApp"
             " workers, as raysim runs two client actors; one supernode per client; telemetry off) on the task raysim"
             " exports: its split (each client's rows), initial weights, each round's clients (FedAvg's plan, sent by"
@@ -537,12 +584,32 @@ def markdown(rows: list[Measurement], table: list[dict], checks: list[tuple[str,
             " up, so start-up here is, for every system, from the launch to round 1 done, less a steady round (the"
             " systems table below has launch to round 1 begun and the first round apart). Flower's PSS is summed"
             " over its process tree (Ray's daemons and workers included)."
-            f" Final test accuracy Flower - raysim: at most {acc:.1e} (tolerance {FLOWER_ACC_TOL:.1e}, one test"
+            f" Final test accuracy Flower - raysim: at most {acc:.1e} (tolerance {PEER_ACC_TOL:.1e}, one test"
             f" sample; Flower sums the clients' float32 weights in reply order); test loss at most {loss:.1e}.",
             "",
-            *peer_table(rows, args.per_round),
+        ]
+    if "pfl" in peers:
+        acc, loss = peer_gap(rows, "pfl")
+        lines += [
+            f"pfl ({versions(args.pfl, 'pfl', 'torch')}) runs its own simulation (benchmarks/pfl_peer.py) in its"
+            f" fastest documented CPU configuration here: {PFL_WORKERS} worker processes started by `torchrun"
+            " --standalone --nnodes=1`, as its guide to fast distributed simulations has PyTorch users do, with as"
+            " many processes as speed up (here 2: one is slower, and so are 3), the cohort shared out among them"
+            " by data size and central evaluation sharded; one torch thread each; in-memory datasets (its fastest"
+            " kind); whole-set central evaluation batches. It trains raysim's exported task: `FederatedAveraging`"
+            " over a `SimulatedBackend` weighting by data points, each round's cohort the clients raysim selects,"
+            " each client's dataset iterating its rows in raysim's minibatches (one local epoch is exactly them)"
+            " and as long as its sample count, local torch.optim.SGD at lr 0.05 and a central SGD at rate 1.0 on"
+            " the averaged update; the server evaluates after every round (pfl's CentralEvaluationCallback on"
+            " raysim's schedule). As pfl always does, round 1 also evaluates each client before and after its"
+            " training. Its PSS is summed over torchrun's agent, its workers and their cohort samplers."
+            f" Final test accuracy pfl - raysim: at most {acc:.1e} (tolerance {PEER_ACC_TOL:.1e}, one test"
+            f" sample; pfl sums the clients' float32 updates per worker, then across workers); test loss at most"
+            f" {loss:.1e}.",
             "",
         ]
+    if peers:
+        lines += [*peer_table(rows, args.per_round), ""]
     lines += [
         "| system | clients | launch s | start-up s | first round s | round s | CPU s / round | peak PSS MB | processes |"
         " test acc | test loss |",
@@ -574,20 +641,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs of each system and size; figures are their medians")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS,
-                    help="default: raysim, sequential and vectorized, and flower with --flower")
+                    help="default: raysim, sequential, vectorized and stacked, flower with --flower and pfl with --pfl")
     ap.add_argument("--flower", help="python of the virtual environment with Flower (make bench-peers builds .venv-flower)")
+    ap.add_argument("--pfl", help="python of the virtual environment with pfl (make bench-peers builds .venv-pfl)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    peers = {p: getattr(args, p) for p in PEERS if getattr(args, p)}
     if args.systems is None:
-        args.systems = [s for s in SYSTEMS if s in BASE_SYSTEMS or args.flower]
-    if "flower" in args.systems and not args.flower:
-        ap.error("--systems flower needs --flower PYTHON (make bench-peers builds .venv-flower)")
+        args.systems = [s for s in SYSTEMS if s in BASE_SYSTEMS or s in peers]
+    for p in set(PEERS) & set(args.systems) - set(peers):
+        ap.error(f"--systems {p} needs --{p} PYTHON (make bench-peers builds .venv-{p})")
     if args.one:
-        m = measure(args.one, args.clients[0], args.per_round, args.rounds, args.seed, args.workdir, args.launched,
-                    args.flower)
+        m = measure(args.one, args.clients[0], args.per_round, args.rounds, args.seed, args.workdir, args.launched, peers)
         (args.workdir / f"{args.one}.json").write_text(json.dumps(asdict(m)))
         return
     if args.rounds < 2:
@@ -599,7 +667,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in args.clients:
             for system in args.systems:
                 m = median_of([measure_in_subprocess(system, n, args.per_round, args.rounds, args.seed, Path(tmp) / str(n),
-                                                     args.flower) for _ in range(args.repeats)])
+                                                     peers) for _ in range(args.repeats)])
                 rows.append(m)
                 print(f"{system:>10} {n:>5} clients: launch to round 1 {m.launch_s:.2f} s, round {m.round_s:.4f} s"
                       f" ({m.cpu_round_s:.4f} CPU s),"
@@ -618,17 +686,18 @@ def main(argv: list[str] | None = None) -> None:
     checks = targets(rows, table)
     text = markdown(rows, table, checks, args, load)
     print(text)
-    name = "peers" if "flower" in args.systems else "speed"
+    name = "peers" if set(PEERS) & set(args.systems) else "speed"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.md").write_text(text)
     pd.DataFrame([asdict(m) for m in rows]).to_parquet(args.out / f"{name}.parquet", index=False)
     worst = max(r["max |acc - raysim|"] for r in table)
     print(f"final test accuracy: references - raysim at most {worst:.1e} (tolerance {MATCH_TOL:g})")
     assert worst <= MATCH_TOL, f"final test accuracy differs from raysim's by {worst:.1e} (> {MATCH_TOL:g})"
-    if "flower" in args.systems:
-        acc, loss = flower_gap(rows)
-        print(f"final test accuracy: Flower - raysim at most {acc:.1e} (tolerance {FLOWER_ACC_TOL:.1e}); test loss {loss:.1e}")
-        assert acc <= FLOWER_ACC_TOL, f"Flower's final test accuracy differs from raysim's by {acc:.1e} (> {FLOWER_ACC_TOL:.1e})"
+    for p in PEERS:
+        if p in args.systems:
+            acc, loss = peer_gap(rows, p)
+            print(f"final test accuracy: {PEERS[p]} - raysim at most {acc:.1e} (tolerance {PEER_ACC_TOL:.1e}); test loss {loss:.1e}")
+            assert acc <= PEER_ACC_TOL, f"{PEERS[p]}'s final test accuracy differs from raysim's by {acc:.1e} (> {PEER_ACC_TOL:.1e})"
 
 
 if __name__ == "__main__":

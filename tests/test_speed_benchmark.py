@@ -1,8 +1,10 @@
 """The speed benchmark's references (benchmarks/speed.py) compute what raysim computes: the plain
 torch loop and its torch.func vectorization agree on the parameters, and raysim's metrics after a
 round equal theirs. Flower's side (benchmarks/flower_peer.py) reads raysim's split, initial weights,
-clients and minibatches from the task file, and its client loop gives raysim's numbers; Flower itself
-is not installed here (it has its own environment, `make bench-peers`). The timings are not tested."""
+clients and minibatches from the task file, and its client loop gives raysim's numbers; pfl's side
+(benchmarks/pfl_peer.py) turns each client's minibatches into a dataset whose one pass in batches is
+them. Flower and pfl themselves are not installed here (each has its own environment, `make
+bench-peers`). The timings are not tested."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -13,7 +15,8 @@ import torch
 
 import raysim
 from raysim.config import load_config
-from raysim.data import read_clients
+from raysim.data import build_federated, read_clients
+from raysim.round.engine import eval_data
 
 TOL = 1e-5
 
@@ -28,6 +31,14 @@ def _load_benchmark():
 
 
 speed = _load_benchmark()
+
+
+def _load_pfl_peer():
+    speed.load_flower_peer()  # pfl_peer imports the task format from flower_peer
+    spec = importlib.util.spec_from_file_location("pfl_peer", speed.PFL_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +85,7 @@ def flower_case(tmp_path_factory):
     result = raysim.run(cfg, out=work / "raysim", backend="local")
     fed = speed.Federation(load_config(cfg), work / "data")
     peer = speed.load_flower_peer()
-    peer.write_task(work / "task.npz", fed.flower_task())
+    peer.write_task(work / "task.npz", speed.peer_task(load_config(cfg), work / "task-data"))
     return result, fed, peer, peer.read_task(work / "task.npz")
 
 
@@ -111,3 +122,31 @@ def test_the_flower_client_loop_gives_raysims_rounds(flower_case):
         row = result.rounds.query("round == @t").iloc[0]
         for key in ("test_accuracy", "test_loss", "train_loss"):
             assert abs(row[key] - metrics[key]) <= TOL, (t, key, row[key], metrics[key])
+
+
+def test_pfls_datasets_iterate_raysims_minibatches(flower_case):
+    """pfl_peer lays a client's rows out in the order of its minibatches and iterates them step by step: exactly
+    raysim's minibatches (a pass over the data may end in a short batch and the next go on)."""
+    _, fed, _, task = flower_case
+    pfl_peer = _load_pfl_peer()
+    assert pfl_peer.batch_width(task) == 10
+    for t in (1, 2):
+        for i, (c, plan) in enumerate(zip(fed.chosen(t), fed.plans(t, fed.chosen(t)))):
+            rows, steps = pfl_peer.minibatches(task.batches[t - 1][i])
+            assert len(rows) == fed.sizes[c]  # one epoch: each sample once
+            bounds = np.cumsum([0, *steps])
+            assert [list(rows[a:b]) for a, b in zip(bounds, bounds[1:])] == \
+                [list(idx[w > 0]) for idx, w in zip(plan.idx, plan.w) if (w > 0).any()]
+    rows, steps = pfl_peer.minibatches(np.array([[4, 2, 0, 1, 3], [5, 6, 7, -1, -1], [1, 0, 6, 2, 5]]))
+    assert list(rows) == [4, 2, 0, 1, 3, 5, 6, 7, 1, 0, 6, 2, 5] and steps == (5, 3, 5)
+
+
+def test_the_peer_task_evaluates_on_raysims_schedule_and_training_sample(tmp_path):
+    cfg = load_config({**speed.experiment(10, 3), "eval": {"every": 2, "train_samples": 300}})
+    task = speed.peer_task(cfg, tmp_path / "task")
+    fed = build_federated(cfg.data, cfg.seed, tmp_path / "raysim")
+    own = eval_data(fed, torch.float32, cfg.eval.train_samples, cfg.seed)
+    assert len(task.eval_rows) == 300
+    assert np.array_equal(task.train_x[task.eval_rows], own.train_x.numpy())
+    assert np.array_equal(task.train_y[task.eval_rows], own.train_y.numpy())
+    assert [task.evaluates(t) for t in (1, 2, 3)] == [False, True, True]
