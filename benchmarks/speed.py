@@ -55,6 +55,7 @@ from raysim.data import build_federated, read_clients, read_table_arrays
 from raysim.models import DTYPES, ParamSpec, build_model
 from raysim.round.experiment import make_algorithm
 from raysim.training import LocalSGD, ServerState, batch_plan, batch_plans
+from raysim.training.local_sgd import sample_losses
 
 SYSTEMS = ("raysim", "flower", "pfl", "sequential", "vectorized", "stacked")
 BASE_SYSTEMS = ("raysim", "sequential", "vectorized", "stacked")  # what runs without --flower and --pfl
@@ -246,8 +247,9 @@ class Vectorized:
         return self.fed.spec.flatten(self.vgrad(self.fed.spec.unflatten(theta), x, y, w))
 
     def _loss(self, params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the real samples of a minibatch (w = 0 marks padding)."""
-        ce = F.cross_entropy(functional_call(self.fed.module, params, (x,)), y, reduction="none")
+        """Mean cross-entropy over the real samples of a minibatch (w = 0 marks padding), by raysim's own per-sample
+        losses (a cross-entropy of labels reduced along the transposed logits: F.cross_entropy's differ in the last bit)."""
+        ce = sample_losses(functional_call(self.fed.module, params, (x,)), y, "ce")
         return (w * ce).sum() / w.sum().clamp_min(1.0)
 
     def round(self, theta_g: torch.Tensor, round: int) -> torch.Tensor:
