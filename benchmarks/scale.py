@@ -8,6 +8,7 @@ round and the data, not with the number of clients.
 
     python benchmarks/scale.py                      # 1e3, 1e4, 1e5 clients, 3 rounds each
     python benchmarks/scale.py --clients 1000000 10000000 --rounds 5
+    python benchmarks/scale.py --clients 100000000 --samples-per-client 2 --features 4 --rounds 3
 
 At 10^6 clients it checks issue 17's targets (data ready in 20 s, start-up beyond the data 20 s, a steady
 round 0.3 s, summed PSS 3 GB). The table, the machine and the targets are written to results/scale.md.
@@ -32,13 +33,13 @@ SAMPLES_PER_CLIENT = 10
 TARGETS_AT_1M = {"data_s": 20.0, "beyond_data_s": 20.0, "round_s": 0.3, "peak_pss_mb": 3000.0}  # issue 17
 
 
-def config(clients: int, rounds: int, per_round: int) -> dict:
-    """Multinomial logistic regression, Synthetic(1, 1) with 20 features, ~10 samples a client."""
+def config(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER_CLIENT, features: int = 20) -> dict:
+    """Multinomial logistic regression, Synthetic(1, 1) with `features` features, about `samples` samples a client."""
     return {
         "name": f"scale-{clients}",
         "seed": 0,
         "data": {"source": "synthetic", "num_clients": clients, "partition": {"kind": "natural"},
-                 "synthetic_samples": SAMPLES_PER_CLIENT * clients, "synthetic_features": 20},
+                 "synthetic_samples": samples * clients, "synthetic_features": features},
         "model": {"name": "logreg"},
         "algorithm": {"name": "fedavg", "rounds": rounds, "clients_per_round": min(per_round, clients),
                       "lr": 0.05, "local_steps": 5, "batch_size": 5},
@@ -47,14 +48,14 @@ def config(clients: int, rounds: int, per_round: int) -> dict:
     }
 
 
-def measure(clients: int, rounds: int, per_round: int) -> dict:
+def measure(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER_CLIENT, features: int = 20) -> dict:
     """One run on a fresh local Ray: start-up, steady seconds per round, peak summed PSS."""
     ray_session.start_local(num_cpus=2)
     session = ray._private.worker._global_node.get_session_dir_path()
     try:
         with PeakMemory(lambda: session_processes(session)) as mem, tempfile.TemporaryDirectory() as out:
             t0 = time.perf_counter()
-            result = raysim.run(config(clients, rounds, per_round), out=out)
+            result = raysim.run(config(clients, rounds, per_round, samples, features), out=out)
             total = time.perf_counter() - t0
     finally:
         ray.shutdown()
@@ -86,6 +87,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=1_000)
+    ap.add_argument("--samples-per-client", type=int, default=SAMPLES_PER_CLIENT,
+                    help="the synthetic samples a client (2 and --features 4 keep 10^8 clients to ~11 GB on disk)")
+    ap.add_argument("--features", type=int, default=20)
     ap.add_argument("--json", help="also write the measurements to this JSON file")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder of scale.md")
     args = ap.parse_args()
@@ -94,7 +98,7 @@ def main() -> None:
     print("\n".join(head), flush=True)
     rows = []
     for n in args.clients:
-        rows.append(measure(n, args.rounds, args.per_round))
+        rows.append(measure(n, args.rounds, args.per_round, args.samples_per_client, args.features))
         print(row(rows[-1]), flush=True)
     checks = targets(rows)
     print("\n".join(checks))
