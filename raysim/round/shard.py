@@ -55,7 +55,6 @@ class ClientRows(Mapping[int, ClientData]):
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return ClientData(int(client), self.x[a:b], self.y[a:b])
 
-
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -191,7 +190,10 @@ class ClientShard:
         """Refill client states after a restart or on resume: from checkpoint folder `ckpt`, or this
         shard's `snapshot()` bytes (None: client_init), then re-run the logged rounds since it
         (round, this shard's clients, broadcast) to reach the present."""
-        saved = pickle.loads(ckpt) if isinstance(ckpt, bytes) else checkpoint.client_states(Path(ckpt), self.clients) if ckpt else {}
+        if isinstance(ckpt, bytes):
+            saved = pickle.loads(ckpt)
+        else:
+            saved = checkpoint.client_states(Path(ckpt), self.clients) if ckpt else {}
         self.states = ClientStates(self.algo.client_init, saved)
         for round, clients, broadcast in replay:
             self._steps(round, clients, broadcast)

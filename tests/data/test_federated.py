@@ -11,6 +11,7 @@ import pytest
 
 from raysim.data import DataConfig, FederatedData, build_federated, read_client_block, read_clients, read_rows, read_table_arrays
 from raysim.data import federated
+from raysim.errors import DataError
 
 
 def digits(tmp_path, kind="iid", seed=0, num_clients=10, **kw) -> FederatedData:
@@ -334,7 +335,17 @@ def test_a_block_that_disagrees_with_its_sizes_or_labels_is_refused(tmp_path, ow
                             [(0, 2, np.zeros((8, 2), np.float32), labels), (2, cfg.num_clients, np.zeros((3, 2), np.float32), np.zeros(3, np.int64))])
 
     with pytest.raises(ValueError, match=r"clients 2\.\.3 has 3 samples of float32/int64; its sizes say 8"):
-        build_federated(DataConfig(source="test-bad-blocks", num_clients=4, partition={"kind": "natural"}), 0, tmp_path / "a")
+        build_federated(DataConfig(source="test-bad-blocks", num_clients=4, partition={"kind": "natural"},
+                                   test_fraction=0.25), 0, tmp_path / "a")
     with pytest.raises(ValueError, match=r"int64 labels in \[0, 3\)"):
-        build_federated(DataConfig(source="test-bad-blocks", num_clients=5, partition={"kind": "natural"}), 0, tmp_path / "b")
+        build_federated(DataConfig(source="test-bad-blocks", num_clients=5, partition={"kind": "natural"},
+                                   test_fraction=0.25), 0, tmp_path / "b")
     assert not list((tmp_path / "a").iterdir()) and not list((tmp_path / "b").iterdir())
+
+
+def test_a_holdout_of_no_test_sample_is_refused_naming_test_fraction(tmp_path):
+    """Two samples a natural client hold out floor(0.2 x 2) = 0 each: no test set, refused before any file."""
+    cfg = DataConfig(source="synthetic", num_clients=50, partition={"kind": "natural"}, synthetic_samples=100)
+    with pytest.raises(DataError, match="data.test_fraction: 0.2 holds out no test sample"):
+        build_federated(cfg, 0, tmp_path)
+    assert not list(tmp_path.glob("*.parquet"))
