@@ -321,11 +321,7 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
 
 
 def _check_train_samples(cfg: DataConfig, num_train: int, num_test: int) -> None:
-    """DataError naming data.num_clients when the training samples cannot give every client min_size, or
-    data.test_fraction when it holds out no test sample (a natural client holds out floor(fraction * its samples))."""
-    if num_test == 0:
-        raise DataError(f"data.test_fraction: {cfg.test_fraction} holds out no test sample of the source's "
-                        f"{num_train} (a natural client holds out floor(test_fraction x its samples)); raise it")
+    """DataError naming data.num_clients when the training samples cannot give every client min_size."""
     need = cfg.num_clients * cfg.partition.min_size
     if num_train < need:
         raise DataError(

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from raysim.contract import ClientBatch, ClientData, Costs, Steps, batched
+from raysim.contract import Algorithm, ClientBatch, ClientData, Costs, Steps, batched
 from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
 from raysim.data import FederatedData, read_client_block
@@ -168,6 +168,7 @@ class ClientShard:
         self.threads = threads if device == "cpu" and torch_threads == 1 else 1
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shard") if self.threads > 1 else None
         self.states = ClientStates(self.algo.client_init)
+        self.stateless = type(self.algo).client_init is Algorithm.client_init  # every client's state is None
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
     def warm_up(self) -> None:
@@ -246,8 +247,8 @@ class ClientShard:
 
         def run(s: slice) -> tuple[Steps, np.ndarray]:
             t0, part = clock(), ids[s]
-            out = self.algo.step_batch([self.states[int(c)] for c in part], self.data.batch(part), broadcast,
-                                       Keys(self.cfg.seed, round, part, "step"))
+            states = None if self.stateless else [self.states[c] for c in part.tolist()]
+            out = self.algo.step_batch(states, self.data.batch(part), broadcast, Keys(self.cfg.seed, round, part, "step"))
             return out, _shares(out.costs.oracle_calls, clock() - t0)
 
         done = self._map(run, len(ids))

@@ -11,7 +11,6 @@ import pytest
 
 from raysim.data import DataConfig, FederatedData, build_federated, read_client_block, read_clients, read_rows, read_table_arrays
 from raysim.data import federated
-from raysim.errors import DataError
 
 
 def digits(tmp_path, kind="iid", seed=0, num_clients=10, **kw) -> FederatedData:
@@ -342,10 +341,3 @@ def test_a_block_that_disagrees_with_its_sizes_or_labels_is_refused(tmp_path, ow
                                    test_fraction=0.25), 0, tmp_path / "b")
     assert not list((tmp_path / "a").iterdir()) and not list((tmp_path / "b").iterdir())
 
-
-def test_a_holdout_of_no_test_sample_is_refused_naming_test_fraction(tmp_path):
-    """Two samples a natural client hold out floor(0.2 x 2) = 0 each: no test set, refused before any file."""
-    cfg = DataConfig(source="synthetic", num_clients=50, partition={"kind": "natural"}, synthetic_samples=100)
-    with pytest.raises(DataError, match="data.test_fraction: 0.2 holds out no test sample"):
-        build_federated(cfg, 0, tmp_path)
-    assert not list(tmp_path.glob("*.parquet"))
