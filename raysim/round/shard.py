@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from raysim.contract import Algorithm, ClientBatch, ClientData, Costs, Steps, batched
+from raysim.core.device import deterministic_cuda
 from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
 from raysim.data import FederatedData, read_client_block
@@ -145,12 +146,13 @@ class ClientShard:
     def __init__(self, experiment: Experiment, data: dict, clients: Sequence[int], torch_threads: int = 1,
                  cuda_memory_fraction: float | None = None, shard: int = 0, threads: int = 1):
         torch.set_num_threads(torch_threads)
+        self.cfg = experiment.install().cfg
         device = "cpu"
         if cuda_memory_fraction is not None and torch.cuda.is_available():
+            deterministic_cuda(self.cfg.model.tf32)
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
             device = "cuda"
         clients = clients if isinstance(clients, range) else list(clients)  # a range: no Python int per client
-        self.cfg = experiment.install().cfg
         self.fed = FederatedData.from_dict(data)
         self.algo = experiment.algorithm_for(self.fed, device)
         dtype = DTYPES[self.cfg.model.dtype]
