@@ -1,4 +1,4 @@
-"""The training rows as two flat arrays on disk beside the Parquet file (`data.client_rows: disk`), for federations
+"""A table's rows as two flat arrays on disk beside its Parquet file (`data.client_rows: disk`), for federations
 too large for their shards to hold: a shard reads the rows of its round's clients each round, through a memory map
 opened for that read alone, so no page of the file stays mapped in between and the memory of a run grows with the
 clients a round, not with the registered clients.
@@ -50,7 +50,7 @@ class RowWriter:
 
     def append(self, x: np.ndarray, y: np.ndarray) -> None:
         for f, a in zip(self.files, (x, y)):
-            f.write(np.ascontiguousarray(a).tobytes())
+            f.write(memoryview(np.ascontiguousarray(a)))  # the rows' own bytes, no copy
 
     def close(self, whole: bool) -> None:
         """Close the files; rename them into place when `whole`, else drop them."""
@@ -65,12 +65,12 @@ class RowWriter:
                 t.unlink(missing_ok=True)
 
 
-def read_rows_of(train_path: str | Path, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of the row ranges [starts[i], starts[i] + sizes[i]) one after another, read through memory maps
-    closed again before returning."""
+def read_rows_of(path: str | Path, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of the row ranges [starts[i], starts[i] + sizes[i]) of the table file `path`'s flat files, one after
+    another, read through memory maps closed again before returning."""
     starts, sizes = np.asarray(starts, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     rows = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-    x_path, y_path = row_paths(train_path)
+    x_path, y_path = row_paths(path)
     x_map, y_map = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
     try:
         return np.asarray(x_map[rows]), np.asarray(y_map[rows])
