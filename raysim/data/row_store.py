@@ -50,7 +50,7 @@ class RowWriter:
 
     def append(self, x: np.ndarray, y: np.ndarray) -> None:
         for f, a in zip(self.files, (x, y)):
-            f.write(memoryview(np.ascontiguousarray(a)))  # the rows' own bytes, no copy
+            f.write(np.ascontiguousarray(a).data)  # the rows' own bytes, no copy
 
     def close(self, whole: bool) -> None:
         """Close the files; rename them into place when `whole`, else drop them."""
