@@ -18,7 +18,7 @@ class ActorResources:
     num_gpus: float
     torch_threads: int
     cuda_memory_fraction: float | None
-    threads: int = 1  # threads of its shard's batched steps: one per whole CPU its torch threads leave
+    threads: int = 1  # threads of its shard's host work (a CPU shard's batched steps): one per whole CPU its torch threads leave
 
     def options(self) -> dict:
         return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
@@ -40,7 +40,7 @@ def client_resources(cluster: ClusterConfig, num_actors: int, total_cpus: float,
     threads = max(1, min(cluster.torch_threads, int(cpus)))
     if total_gpus > 0:
         frac = _floor4(cluster.gpu_fraction or min(1.0, total_gpus / num_actors))
-        return ActorResources(cpus, frac, threads, frac)
+        return ActorResources(cpus, frac, threads, frac, max(1, int(cpus) // threads))
     return ActorResources(cpus, 0.0, threads, None, max(1, int(cpus) // threads))
 
 

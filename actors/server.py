@@ -19,6 +19,8 @@ import torch
 
 from raysim.actors.client import ClientActor, StateLost
 from raysim.actors.placement import ActorResources, client_resources, client_scheduling
+from raysim.config import ExperimentConfig
+from raysim.core.device import process_device
 from raysim.data import FederatedData
 from raysim.errors import ConfigError
 from raysim.round.engine import RoundEngine, RoundPlan, shards_of
@@ -54,8 +56,16 @@ def _driver_shard(experiment: Experiment, res: dict) -> bool:
     cfg = experiment.cfg
     if cfg.cluster.driver_shard is not None:
         return cfg.cluster.driver_shard
-    return (ray.get_runtime_context().get_actor_id() is None and not res.get("GPU") and not cfg.faults
+    return (ray.get_runtime_context().get_actor_id() is None and not _gpus(cfg, res) and not cfg.faults
             and cfg.system.clock.mode == "virtual" and sum(n["Alive"] for n in ray.nodes()) == 1)
+
+
+def _gpus(cfg: ExperimentConfig, res: dict) -> float:
+    """The cluster's GPUs the client actors share (none under `model.device: cpu`)."""
+    gpus = res.get("GPU", 0.0) if cfg.model.device != "cpu" else 0.0
+    if cfg.model.device == "cuda" and not gpus:
+        raise ConfigError("model.device: cuda, but the Ray cluster has no GPUs")
+    return gpus
 
 
 def launch(experiment: Experiment) -> ClientFleet:
@@ -64,7 +74,7 @@ def launch(experiment: Experiment) -> ClientFleet:
     cfg = experiment.cfg
     res = ray.cluster_resources()
     n_actors, per_actor = cfg.actor_layout(int(res.get("CPU", 1)))
-    r = client_resources(cfg.cluster, n_actors, res.get("CPU", 1), res.get("GPU", 0))
+    r = client_resources(cfg.cluster, n_actors, res.get("CPU", 1), _gpus(cfg, res))
     if n_actors * r.num_cpus > res.get("CPU", 1) + 1e-9:
         raise ConfigError(f"cluster.cpus_per_actor: {n_actors} client actors x {r.num_cpus} CPUs exceed the"
                           f" cluster's {res.get('CPU', 1):g} CPUs; the actors could never all start")
@@ -113,7 +123,9 @@ class RoundServer:
         self.experiment = experiment.install()
         self.cfg = experiment.cfg
         self.data = data
-        self.engine = RoundEngine(experiment, FederatedData.from_dict(data))
+        # the server evaluates on a GPU where its process has one (model.device: auto or cuda), else on the CPU
+        self.device = process_device("cpu" if self.cfg.model.device == "cpu" else "auto", "the server's process")
+        self.engine = RoundEngine(experiment, FederatedData.from_dict(data), self.device)
         self.actors: dict[int, Any] = {}  # shard -> its client actor
         self.local: ClientShard | None = None  # shard 0 in this process (cluster.driver_shard)
         self.per_actor = 1
@@ -142,7 +154,7 @@ class RoundServer:
         return {"backend": "ray", "server": "driver" if ray.get_runtime_context().get_actor_id() is None else "actor",
                 "shards": fleet.shards, "actors": len(self.actors), "driver_shard": fleet.here,
                 "clients_per_actor": self.per_actor, "actor_cpus": r.num_cpus,
-                "actor_gpus": r.num_gpus, "torch_threads": r.torch_threads, "shard_threads": r.threads, "actor_nodes": nodes,
+                "actor_gpus": r.num_gpus, "server_device": self.device, "torch_threads": r.torch_threads, "shard_threads": r.threads, "actor_nodes": nodes,
                 "actors_s": time.perf_counter() - t0}
 
     def resume(self, folder: str) -> None:

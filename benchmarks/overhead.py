@@ -29,9 +29,11 @@ import torch
 import raysim
 from raysim.config import load_config
 from raysim.contract import ClientBatch
+from raysim.core.device import deterministic_cuda, host
 from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
 from raysim.data import build_federated, read_table_arrays
+from raysim.models import DTYPES
 from raysim.round.engine import eval_data
 from raysim.round.experiment import make_algorithm
 
@@ -61,36 +63,46 @@ def steady_round(per_round: int, rounds: int, backend: str) -> float:
     return float(result.rounds["round_wall_s"].iloc[1:].mean())
 
 
-def vectorized_limit(per_round: int, rounds: int, threads: int) -> float:
-    """Seconds a round of the same arithmetic takes in one process on `threads` torch threads: the stacked local
-    steps of `per_round` clients (their data already stacked, their batch plans drawn), the weighted mean, and the
-    evaluation every 6 rounds."""
-    cfg = load_config(config(per_round, rounds, "local"))
+def vectorized_limit(tree: dict, threads: int, device: str = "cpu") -> float:
+    """Seconds a round of the experiment `tree`'s arithmetic takes in one process on `threads` torch threads and
+    `device`: the stacked local steps of its clients a round (their data already stacked on the device, their batch
+    plans drawn), the weighted mean, and the evaluation every `eval.every` rounds."""
+    cfg = load_config(tree)
+    dtype = DTYPES[cfg.model.dtype]
+    if device == "cuda":
+        deterministic_cuda(cfg.model.tf32)
     with tempfile.TemporaryDirectory() as out:
         fed = build_federated(cfg.data, cfg.seed, Path(out))
-        algo = make_algorithm(cfg, fed)
+        algo = make_algorithm(cfg, fed, device)
         x, y = read_table_arrays(fed.train_path)
         offsets = np.concatenate([[0], np.cumsum(fed.client_sizes)])
-        evaluation = eval_data(fed, torch.float32 if cfg.model.dtype == "float32" else torch.float64,
-                               cfg.eval.train_samples, cfg.seed)
-    x, y = torch.as_tensor(x, dtype=torch.float64 if cfg.model.dtype == "float64" else torch.float32), torch.as_tensor(y)
+        evaluation = eval_data(fed, dtype, cfg.eval.train_samples, cfg.seed, cfg.eval.test_samples).to(device)
+    x, y = torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, device=device)
     state = algo.init()
     times, before = [], torch.get_num_threads()
     torch.set_num_threads(threads)
-    for t in range(1, rounds + 1):
+    for t in range(1, cfg.algorithm.rounds + 1):
         plan = algo.plan(state, t, stream(cfg.seed, t, SERVER, "plan"))
         ids = np.sort(plan.clients)
         batch = ClientBatch(ids, offsets[ids], offsets[ids + 1] - offsets[ids], x, y)
         plans = algo._plans(batch.sizes, Keys(cfg.seed, t, ids, "step"), algo.batch_width)
+        sync(device)
         t0 = time.perf_counter()
         deltas = algo._train(None, batch, plans, plan.broadcast)
-        weights = batch.sizes.astype(deltas.dtype)
-        state = type(state)(state.params + (weights[:, None] * deltas).sum(0) / weights.sum())
+        weights = torch.from_numpy(batch.sizes).to(device, deltas.dtype)
+        state = type(state)(state.params + host((weights[:, None] * deltas).sum(0) / weights.sum()))
         if t % cfg.eval.every == 0:
             algo.evaluate(state, evaluation)
+        sync(device)
         times.append(time.perf_counter() - t0)
     torch.set_num_threads(before)
     return float(np.mean(times[1:]))
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued kernels (a GPU's run ahead of the host)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = sorted(args.sizes)
     threads = {"local": torch.get_num_threads(), "ray": torch.get_num_threads()}
-    limits = {k: {n: vectorized_limit(n, args.rounds, k) for n in sizes} for k in sorted(set(threads.values()))}
+    limits = {k: {n: vectorized_limit(config(n, args.rounds, "local"), k) for n in sizes} for k in sorted(set(threads.values()))}
     print(f"{'backend':8} {'clients/round':>13} {'steady round s':>15} {'limit s':>9} {'threads':>8} {'vs limit':>9}")
     for backend in args.backends:
         limit = limits[threads[backend]]

@@ -186,6 +186,11 @@ class EvalData:
     train_x: Any
     train_y: Any
 
+    def to(self, device: Any) -> EvalData:
+        """The same data on `device` (its tensors themselves where they already are there)."""
+        return EvalData(*(t.to(device) if hasattr(t, "to") else t
+                          for t in (self.test_x, self.test_y, self.train_x, self.train_y)))
+
 
 class Algorithm:
     """Base of every algorithm family; subclasses override the pure methods of the contract.

@@ -41,6 +41,10 @@ class ModelConfig(BaseModel):
     channels: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [16, 32], description="the cnn's channels per convolution")
     dtype: Literal["float32", "float64"] = "float32"
     init_scale: float = Field(1.0, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where client steps and the server's evaluation run: auto, a GPU where the process has"
+                            " one (a client actor given a GPU share, the local backend's process, the server's); cpu;"
+                            " cuda (an error where there is none)")
     tf32: bool = Field(False, description="on a GPU, TF32 matmuls and convolutions (faster, about three decimal digits);"
                                           " off, with deterministic kernels, a seed gives the same numbers run after run")
 

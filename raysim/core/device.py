@@ -1,9 +1,26 @@
-"""A CUDA device set up for repeatable numbers: the same seed gives the same numbers run after run on the same GPU."""
+"""Where a process computes (`model.device`), set up on a GPU for repeatable numbers: the same seed gives the
+same numbers run after run on the same GPU."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import numpy as np
 import torch
+
+from raysim.errors import ConfigError
+
+
+def process_device(wanted: str, where: str) -> str:
+    """`model.device` resolved in this process: cuda where asked (auto: where the process sees a CUDA device),
+    cpu otherwise; `cuda` asked of a process without one is a config error naming `where`."""
+    if wanted == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if wanted == "cuda":
+        raise ConfigError(f"model.device: cuda, but {where} sees no CUDA device (torch.cuda.is_available() is False)")
+    return "cpu"
 
 
 def deterministic_cuda(tf32: bool) -> None:
@@ -16,3 +33,13 @@ def deterministic_cuda(tf32: bool) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def host(x: Any) -> Any:
+    """A tensor as a NumPy array in host memory (one transfer from a GPU); anything else as it is."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+def as_rows(x: Any, index: np.ndarray) -> Any:
+    """The rows `index` (ints or a mask) of an array or of a tensor where it lives."""
+    return x[torch.as_tensor(index, device=x.device)] if isinstance(x, torch.Tensor) else x[index]

@@ -10,32 +10,33 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
-_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)  # the round multipliers
-_W0, _W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)  # the Weyl key increments
-_LOW = np.uint64(0xFFFFFFFF)
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # the round multipliers
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # the Weyl key increments
+_LOW = 0xFFFFFFFF
 _ROUNDS = 10
 
+Words = tuple[Any, Any, Any, Any]  # four int64 arrays (NumPy or torch) holding uint32 words
 
-def philox4x32(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Philox4x32-10 of `counter` [..., 4] under `key` [..., 2] (uint32, broadcast against each other): [..., 4]
-    uint32, the Random123 reference's output word for word."""
-    c = np.asarray(counter, dtype=np.uint32)
-    k = np.asarray(key, dtype=np.uint32)
-    c0, c1, c2, c3 = (c[..., i] for i in range(4))
-    k0, k1 = np.array(k[..., 0]), np.array(k[..., 1])
+
+def philox4x32(counter: Words, key: tuple[int, int]) -> Words:
+    """Philox4x32-10 of the counters `counter` under `key`: the Random123 reference's output word for word.
+
+    The words are int64 arrays, NumPy's or torch's (on any device) alike: a 32x32-bit product wraps in int64 with
+    the same 64 bits as the unsigned product, and masking after the arithmetic shift recovers its high word, so
+    the one function runs on the host or where a GPU shard's tensors live."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
     for r in range(_ROUNDS):
         if r:
-            with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as the reference's does
-                k0, k1 = k0 + _W0, k1 + _W1
-        p0 = _M0 * c0.astype(np.uint64)
-        p1 = _M1 * c2.astype(np.uint64)
-        hi0, lo0 = (p0 >> np.uint64(32)).astype(np.uint32), (p0 & _LOW).astype(np.uint32)
-        hi1, lo1 = (p1 >> np.uint64(32)).astype(np.uint32), (p1 & _LOW).astype(np.uint32)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return np.stack([c0, c1, c2, c3], axis=-1)
+            k0, k1 = (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
+        p0, p1 = c0 * _M0, c2 * _M1
+        c0, c1, c2, c3 = ((p1 >> 32) & _LOW) ^ c1 ^ k0, p1 & _LOW, ((p0 >> 32) & _LOW) ^ c3 ^ k1, p0 & _LOW
+    return c0, c1, c2, c3
 
 
 def purpose_word(purpose: str) -> int:
@@ -43,20 +44,24 @@ def purpose_word(purpose: str) -> int:
     return zlib.crc32(purpose.encode("utf-8"))
 
 
-def uniforms(seed: int, round: int, clients: np.ndarray, purpose: str, n: int) -> np.ndarray:
+def uniforms(seed: int, round: int, clients: np.ndarray, purpose: str, n: int, device: Any = None) -> Any:
     """n uniforms in [0, 1) for each client: [k, n] float64 with 53 random bits each, draw j of client c a function
-    of (seed, round, c, purpose, j) only."""
+    of (seed, round, c, purpose, j) only. A NumPy array, or with `device` the same numbers as a tensor there."""
     ids = np.asarray(clients, dtype=np.int64).reshape(-1)
     blocks = (n + 1) // 2  # one Philox call gives 128 bits: two doubles
-    counter = np.empty((ids.size, blocks, 4), dtype=np.uint32)
-    counter[..., 0] = np.arange(blocks, dtype=np.uint32)
-    counter[..., 1] = (ids + 1).astype(np.uint32)[:, None]
-    counter[..., 2] = np.uint32((int(round) + 1) & 0xFFFFFFFF)
-    counter[..., 3] = np.uint32(purpose_word(purpose))
-    key = np.array([int(seed) & 0xFFFFFFFF, (int(seed) >> 32) & 0xFFFFFFFF], dtype=np.uint32)
-    words = philox4x32(counter, key).astype(np.uint64).reshape(ids.size, blocks * 2, 2)
-    bits = (words[..., 0] << np.uint64(32)) | words[..., 1]
-    return ((bits >> np.uint64(11)).astype(np.float64) * 2.0**-53)[:, :n]
+    block: Any
+    client: Any
+    if device is None:
+        block, client = np.arange(blocks, dtype=np.int64)[None, :], (ids + 1)[:, None] & _LOW
+    else:
+        block = torch.arange(blocks, dtype=torch.int64, device=device)[None, :]
+        client = torch.from_numpy(ids + 1).to(device)[:, None] & _LOW
+    counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
+    w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
+    # a double from two words: the top 53 of their 64 bits (hi << 21 | lo >> 11), exact in int64 and in float64
+    bits = ((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11))
+    both = np.stack(bits, -1).astype(np.float64) if device is None else torch.stack(bits, -1).to(torch.float64)
+    return (both * 2.0**-53).reshape(ids.size, blocks * 2)[:, :n]
 
 
 @dataclass(frozen=True)
@@ -78,9 +83,10 @@ class Keys:
             raise ValueError("Keys.of: the generators must share seed, round and purpose")
         return cls(seed, round, np.array([k[2] for k in keys], dtype=np.int64), purpose)
 
-    def uniforms(self, n: int, purpose: str | None = None) -> np.ndarray:
-        """n uniforms in [0, 1) for every client, [k, n]; `purpose` names another stream of the same clients."""
-        return uniforms(self.seed, self.round, self.clients, purpose or self.purpose, n)
+    def uniforms(self, n: int, purpose: str | None = None, device: Any = None) -> Any:
+        """n uniforms in [0, 1) for every client, [k, n]; `purpose` names another stream of the same clients; with
+        `device`, as a tensor there."""
+        return uniforms(self.seed, self.round, self.clients, purpose or self.purpose, n, device)
 
     def __len__(self) -> int:
         return len(self.clients)

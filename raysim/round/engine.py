@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from raysim.contract import Cost, Costs, EvalData, Plan
+from raysim.core.device import deterministic_cuda
 from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import FederatedData, read_rows, read_table_arrays
 from raysim.data.row_store import read_rows_of, row_paths
@@ -81,10 +82,13 @@ class RoundOutcome:
 class RoundEngine:
     """The server's side of an experiment: its state, the system model and the ledger."""
 
-    def __init__(self, experiment: Experiment, fed: FederatedData):
+    def __init__(self, experiment: Experiment, fed: FederatedData, device: str = "cpu"):
+        """`device`: where the server's algorithm runs (its evaluation above all)."""
         self.cfg = experiment.cfg
         self.fed = fed
-        self.algo = experiment.algorithm_for(fed, "cpu")
+        if device == "cuda":
+            deterministic_cuda(self.cfg.model.tf32)
+        self.algo = experiment.algorithm_for(fed, device)
         self.state = self.algo.init()
         self.system = SystemModel(self.cfg.system, self.cfg.seed, fed.num_clients)
         self.ledger = Ledger()

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim.core.device import process_device
 from raysim.data import FederatedData
 from raysim.round.engine import RoundEngine
 from raysim.round.experiment import Experiment
@@ -26,7 +27,8 @@ class LocalServer:
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
         self.experiment, self.data = experiment.install(), data
-        self.engine = RoundEngine(experiment, FederatedData.from_dict(data))
+        self.device = process_device(experiment.cfg.model.device, "the local backend's process")
+        self.engine = RoundEngine(experiment, FederatedData.from_dict(data), self.device)
         self.run_dir = Path(run_dir) if run_dir else None
         self.shard: ClientShard | None = None
 
@@ -34,8 +36,9 @@ class LocalServer:
         """Load every client's data into the one shard."""
         t0 = time.perf_counter()
         threads = self.experiment.cfg.cluster.num_cpus or len(os.sched_getaffinity(0))
-        self.shard = ClientShard(self.experiment, self.data, range(self.engine.fed.num_clients), threads=threads)
-        return {"backend": "local", "actors": 0, "clients_per_actor": self.engine.fed.num_clients,
+        self.shard = ClientShard(self.experiment, self.data, range(self.engine.fed.num_clients), threads=threads,
+                                 device=self.device)
+        return {"backend": "local", "actors": 0, "clients_per_actor": self.engine.fed.num_clients, "device": self.device,
                 "torch_threads": 1, "shard_threads": self.shard.threads, "actors_s": time.perf_counter() - t0}
 
     def resume(self, folder: str | Path) -> None:

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
+from raysim.core.device import as_rows, host
+
 Part = tuple[int, int, Any]  # (start, size, value) of an aligned block
 
 
@@ -69,22 +71,18 @@ def reduce_owned(replies: dict[int, Any], blocks: list[tuple[int, int]], combine
 
 
 def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]]) -> list[Part]:
-    """`reduce_owned` of replies stacked along a leading client axis (a dataclass whose fields are arrays over
-    the clients `ids`) whose combine is the fieldwise sum: the same tree computed level by level for every block
-    at once, each pair added left + right as the pairwise combine adds them, so the very same bits."""
+    """`reduce_owned` of replies stacked along a leading client axis (a dataclass whose fields are arrays or
+    tensors over the clients `ids`) whose combine is the fieldwise sum: the same tree computed level by level for
+    every block at once, each pair added left + right as the pairwise combine adds them, so the very same bits.
+    A tensor is summed where it lives (a GPU shard's uploads on its GPU); only the blocks' values come back."""
     if not len(ids):
         return []
     ids = np.asarray(ids, dtype=np.int64)
     names = [f.name for f in dataclasses.fields(stacked)]
-    if np.all(ids[1:] >= ids[:-1]):  # in id order already (a round's clients are)
-        rep = ids  # a leaf id of each node, left to right
-        vals = {n: np.array(getattr(stacked, n)) for n in names}  # our own copy, summed into in place
-    else:
-        order = np.argsort(ids, kind="stable")
-        rep = ids[order]
-        vals = {n: np.asarray(getattr(stacked, n))[order] for n in names}
-    sums = {n: torch.from_numpy(v) for n, v in vals.items()}  # the same memory, for index_add_
-    row = np.arange(rep.size)  # the row of `vals` that holds each node's value
+    order = None if np.all(ids[1:] >= ids[:-1]) else np.argsort(ids, kind="stable")  # a round's clients are in order
+    rep = ids if order is None else ids[order]  # a leaf id of each node, left to right
+    sums = {n: _own_rows(getattr(stacked, n), order) for n in names}  # our own copies, summed into in place
+    row = np.arange(rep.size)  # the row of `sums` that holds each node's value
     starts = np.array([s for s, _ in blocks], dtype=np.int64)
     sizes = np.array([z for _, z in blocks], dtype=np.int64)
     block = np.searchsorted(starts, rep, side="right") - 1
@@ -97,31 +95,43 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]])
         if left.size:  # only the paired rows move: a level costs its pairs, not the whole stack
             a, b = torch.from_numpy(row[left]), torch.from_numpy(row[left + 1])
             for t in sums.values():  # t[a] + t[b], in place: a single add per element, left + right
-                t.index_add_(0, a, t.index_select(0, b))
+                t.index_add_(0, a.to(t.device), t.index_select(0, b.to(t.device)))
             keep = np.ones(rep.size, dtype=bool)
             keep[left + 1] = False
             rep, block, limit, row = rep[keep], block[keep], limit[keep], row[keep]
         level += 1
-    return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][r]) for n in names}))
-            for r, b in zip(row, block)]
+    at = torch.from_numpy(row)
+    vals = {n: host(t.index_select(0, at.to(t.device))) for n, t in sums.items()}  # the nodes' rows, in one transfer
+    return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][i]) for n in names}))
+            for i, b in enumerate(block)]
+
+
+def _own_rows(v: Any, order: np.ndarray | None) -> torch.Tensor:
+    """A writable copy of a field's rows (in `order` when given), as a tensor where the field lives."""
+    if isinstance(v, torch.Tensor):
+        return v.clone() if order is None else v.index_select(0, torch.from_numpy(order).to(v.device))
+    return torch.from_numpy(np.array(v) if order is None else np.asarray(v)[order])
 
 
 def take_rows(stacked: Any, index: np.ndarray) -> Any:
     """The rows `index` of a stacked reply (every field's leading client axis)."""
-    return type(stacked)(**{f.name: getattr(stacked, f.name)[index] for f in dataclasses.fields(stacked)})
+    return type(stacked)(**{f.name: as_rows(getattr(stacked, f.name), index) for f in dataclasses.fields(stacked)})
 
 
 def concat_rows(parts: list[Any]) -> Any:
     """Stacked replies of disjoint clients as one, in order (every field's leading client axis joined)."""
     first = parts[0]
-    return type(first)(**{f.name: np.concatenate([np.asarray(getattr(p, f.name)) for p in parts])
-                          for f in dataclasses.fields(first)})
+    return type(first)(**{f.name: _concat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(first)})
+
+
+def _concat(values: list[Any]) -> Any:
+    return torch.cat(values) if isinstance(values[0], torch.Tensor) else np.concatenate([np.asarray(v) for v in values])
 
 
 def unstack(stacked: Any, k: int) -> list:
-    """A stacked reply as k per-client replies."""
-    return [type(stacked)(**{f.name: _scalar(getattr(stacked, f.name)[i]) for f in dataclasses.fields(stacked)})
-            for i in range(k)]
+    """A stacked reply as k per-client replies (NumPy, in host memory)."""
+    fields = {f.name: host(getattr(stacked, f.name)) for f in dataclasses.fields(stacked)}
+    return [type(stacked)(**{n: _scalar(v[i]) for n, v in fields.items()}) for i in range(k)]
 
 
 def _scalar(v: Any) -> Any:

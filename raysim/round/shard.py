@@ -141,17 +141,20 @@ class ClientStates(dict):
 class ClientShard:
     """The clients `clients` of an experiment, in this process. A batched step (`step_batch`) on the CPU runs on
     up to `threads` threads at once, each over a contiguous chunk of the round's clients on one torch thread: a
-    client's numbers do not depend on which clients share its call, so the tables are the same for any count."""
+    client's numbers do not depend on which clients share its call, so the tables are the same for any count. On a
+    GPU the batch is one call, and the threads share the host's work (the compute times' quantiles)."""
 
     def __init__(self, experiment: Experiment, data: dict, clients: Sequence[int], torch_threads: int = 1,
-                 cuda_memory_fraction: float | None = None, shard: int = 0, threads: int = 1):
+                 cuda_memory_fraction: float | None = None, shard: int = 0, threads: int = 1, device: str = "cpu"):
+        """`device`: where the steps run; a client actor's shard given a GPU share (`cuda_memory_fraction` of
+        its memory) runs on that GPU."""
         torch.set_num_threads(torch_threads)
         self.cfg = experiment.install().cfg
-        device = "cpu"
         if cuda_memory_fraction is not None and torch.cuda.is_available():
-            deterministic_cuda(self.cfg.model.tf32)
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)
             device = "cuda"
+        if device == "cuda":
+            deterministic_cuda(self.cfg.model.tf32)
         clients = clients if isinstance(clients, range) else list(clients)  # a range: no Python int per client
         self.fed = FederatedData.from_dict(data)
         self.algo = experiment.algorithm_for(self.fed, device)
@@ -167,7 +170,8 @@ class ClientShard:
         self.shard, self.clients = shard, clients
         self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
         self.batched = batched(self.algo)
-        self.threads = threads if device == "cpu" and torch_threads == 1 else 1
+        self.device = device
+        self.threads = threads if torch_threads == 1 else 1
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shard") if self.threads > 1 else None
         self.states = ClientStates(self.algo.client_init)
         self.stateless = type(self.algo).client_init is Algorithm.client_init  # every client's state is None
@@ -234,9 +238,10 @@ class ClientShard:
                 self.states[c] = s
         return out, cpu
 
-    def _map(self, fn: Callable[[slice], T], k: int) -> list[T]:
-        """fn of consecutive slices of k clients: on the shard's threads, a chunk each, where k is large enough."""
-        n = min(self.threads, k // MIN_CHUNK)
+    def _map(self, fn: Callable[[slice], T], k: int, split: bool = True) -> list[T]:
+        """fn of consecutive slices of k clients: on the shard's threads, a chunk each, where k is large enough
+        (and `split`)."""
+        n = min(self.threads, k // MIN_CHUNK) if split else 1
         if n <= 1 or self.pool is None:
             return [fn(slice(0, k))]
         bounds = np.linspace(0, k, n + 1).astype(int)
@@ -245,7 +250,8 @@ class ClientShard:
     def _batch_steps(self, round: int, ids: np.ndarray, broadcast: Any) -> tuple[Steps, np.ndarray]:
         """`step_batch` of the clients `ids`, in chunks on the shard's threads, and each client's CPU seconds (its
         chunk's time split in proportion to oracle calls)."""
-        clock = time.thread_time if self.pool is not None else time.process_time  # a chunk's CPU is its thread's
+        split = self.device == "cpu"  # a GPU takes the whole batch at once
+        clock = time.thread_time if self.pool is not None and split else time.process_time  # a chunk's CPU is its thread's
 
         def run(s: slice) -> tuple[Steps, np.ndarray]:
             t0, part = clock(), ids[s]
@@ -253,7 +259,7 @@ class ClientShard:
             out = self.algo.step_batch(states, self.data.batch(part), broadcast, Keys(self.cfg.seed, round, part, "step"))
             return out, _shares(out.costs.oracle_calls, clock() - t0)
 
-        done = self._map(run, len(ids))
+        done = self._map(run, len(ids), split)
         if len(done) == 1:
             return done[0]
         outs = [o for o, _ in done]

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.func import functional_call, grad, vmap
 
 from raysim.contract import Algorithm, ClientBatch, ClientData, Cost, Costs, EvalData, Plan, Steps
+from raysim.core.device import host
 from raysim.core.keys import Keys
 from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
@@ -177,28 +178,29 @@ class Broadcast:
 @dataclass
 class WeightedDelta:
     """A client's upload: weight·(θ_c − θ_g) and the weight; summing two is a valid shard pre-reduction. Stacked
-    (a batch's replies from `step_batch`), total is [k, d] and weight [k]."""
+    (a batch's replies from `step_batch`), total is [k, d] (a tensor, where it was computed) and weight [k]."""
 
-    total: np.ndarray
+    total: Any
     weight: Any
 
 
 @dataclass
 class BatchPlan:
     """Index and weight of every sample of every local step ([steps, batch], or [clients, steps, batch]);
-    weight 0 pads a short batch."""
+    weight 0 pads a short batch. NumPy arrays, or tensors on the device they were drawn on."""
 
-    idx: np.ndarray
-    w: np.ndarray
+    idx: Any
+    w: Any
 
 
 def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | None, local_epochs: int | None,
-                keys: Keys, width: int | None = None) -> BatchPlan:
+                keys: Keys, width: int | None = None, device: Any = None) -> BatchPlan:
     """Every client's minibatches at once: without replacement within each pass over its data, a fresh uniformly
     random permutation per pass (the order of its keyed uniforms). idx and w are [k, steps, width]: client i's
     step s takes samples idx[i, s] where w[i, s] is 1; padding (a short last batch, a client with fewer steps, a
     width beyond its batch) has weight 0. A client's plan is a function of its key, its size and the settings
-    only, not of which clients share the call (`width`, at least the largest batch among them, only pads)."""
+    only, not of which clients share the call (`width`, at least the largest batch among them, only pads). NumPy
+    arrays, or with `device` the same plans as tensors drawn there (a GPU shard's, with no host work per client)."""
     n = np.asarray(sizes, dtype=np.int64)
     b = n if batch_size is None else np.minimum(batch_size, n)
     per_epoch = -(-n // b)
@@ -209,33 +211,38 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
         steps = local_epochs * per_epoch
     epochs = -(-steps // per_epoch)  # passes begun
     width = max(int(b.max()), width or 0)
-    idx = np.zeros((n.size, int(steps.max()), width), dtype=np.int64)
-    w = np.zeros(idx.shape)
+    on = torch.device("cpu" if device is None else device)
+    idx = torch.zeros((n.size, int(steps.max()), width), dtype=torch.int64, device=on)
+    w = torch.zeros(idx.shape, dtype=torch.float64, device=on)
     bucket = np.ceil(np.log2(n)).astype(np.int64)  # clients of like size together: a pass pads to at most twice n
     for level in np.unique(bucket):
         sel = np.flatnonzero(bucket == level)
         sub = Keys(keys.seed, keys.round, keys.clients[sel], keys.purpose)
-        idx[sel], w[sel] = _plans_of(n[sel], b[sel], per_epoch[sel], steps[sel], epochs[sel], sub, idx.shape[1], width)
-    return BatchPlan(idx, w)
+        at = torch.from_numpy(sel).to(on)
+        ns, bs, ps, ss = (torch.from_numpy(a[sel]).to(on) for a in (n, b, per_epoch, steps))
+        idx[at], w[at] = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()), sub, idx.shape[1], width)
+    return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
 
 
-def _plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,
-              keys: Keys, S: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """`batch_plans` of clients of like size ([k, S, width]): every pass's permutation sorts that pass's n keyed
-    uniforms."""
-    E, N = int(epochs.max()), int(n.max())
-    u = keys.uniforms(int((epochs * n).max()))  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
-    e_ax, j_ax = np.arange(E)[:, None], np.arange(N)[None, :]
-    draw = np.minimum(e_ax * n[:, None, None] + j_ax, u.shape[1] - 1)
-    drawn = np.take_along_axis(u, draw.reshape(n.size, -1), 1).reshape(draw.shape)
-    sort_keys = np.where(j_ax < n[:, None, None], drawn, 2.0)
-    perm = np.argsort(sort_keys, axis=2, kind="stable")  # [k, E, N]: each pass's permutation, padding last
-    s_ax, t_ax = np.arange(S)[None, :, None], np.arange(width)[None, None, :]
-    epoch, chunk = np.divmod(s_ax, per_epoch[:, None, None])
-    pos = chunk * b[:, None, None] + t_ax  # [k, S, width]
-    valid = (t_ax < b[:, None, None]) & (pos < n[:, None, None]) & (s_ax < steps[:, None, None])
-    rows = np.arange(n.size)[:, None, None]
-    return np.where(valid, perm[rows, np.minimum(epoch, E - 1), np.minimum(pos, N - 1)], 0), valid.astype(np.float64)
+def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: torch.Tensor, E: int, N: int,
+              keys: Keys, S: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch_plans` of clients of like size ([k, S, width]) on their tensors' device, passes begun at most E, size
+    at most N: every pass's permutation sorts that pass's n keyed uniforms."""
+    on = n.device
+    m = int((torch.div(steps + per_epoch - 1, per_epoch, rounding_mode="floor") * n).max())
+    u = torch.from_numpy(keys.uniforms(m)) if on.type == "cpu" else keys.uniforms(m, device=on)  # NumPy's: fewer ops
+    e_ax, j_ax = torch.arange(E, device=on)[:, None], torch.arange(N, device=on)[None, :]
+    n3, b3 = n[:, None, None], b[:, None, None]
+    draw = torch.clamp(e_ax * n3 + j_ax, max=u.shape[1] - 1)  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
+    drawn = torch.gather(u, 1, draw.reshape(len(n), -1)).reshape(draw.shape)
+    perm = torch.argsort(torch.where(j_ax < n3, drawn, 2.0), dim=2, stable=True)  # [k, E, N]: each pass's, padding last
+    s_ax, t_ax = torch.arange(S, device=on)[None, :, None], torch.arange(width, device=on)[None, None, :]
+    epoch, chunk = torch.div(s_ax, per_epoch[:, None, None], rounding_mode="floor"), s_ax % per_epoch[:, None, None]
+    pos = chunk * b3 + t_ax  # [k, S, width]
+    valid = (t_ax < b3) & (pos < n3) & (s_ax < steps[:, None, None])
+    rows = torch.arange(len(n), device=on)[:, None, None]
+    picked = perm[rows, torch.clamp(epoch, max=E - 1), torch.clamp(pos, max=N - 1)]
+    return torch.where(valid, picked, 0), valid.to(torch.float64)
 
 
 def batch_plan(n: int, batch_size: int | None, local_steps: int | None, local_epochs: int | None,
@@ -310,21 +317,28 @@ class LocalSGD(Algorithm):
         return torch.tensor(theta, dtype=self.dtype, device=self.device), lr
 
     def _plans(self, sizes: np.ndarray, keys: Keys, width: int | None = None) -> BatchPlan:
+        """The clients' batch plans, drawn as tensors on the model's device."""
         p = self.params
-        return batch_plans(sizes, p.batch_size, p.local_steps, p.local_epochs, keys, width)
+        return batch_plans(sizes, p.batch_size, p.local_steps, p.local_epochs, keys, width, self.device)
 
-    def _uploads(self, deltas: np.ndarray, sizes: np.ndarray, plans: BatchPlan, keys: Keys) -> tuple[WeightedDelta, Costs]:
-        """The weighted uploads Q(Δ) of the clients' Δ = θ_c − θ_g [k, d] (QSGD's uniforms keyed "qsgd") and costs."""
+    def _uploads(self, deltas: torch.Tensor, sizes: np.ndarray, plans: BatchPlan, keys: Keys) -> tuple[WeightedDelta, Costs]:
+        """The weighted uploads Q(Δ) of the clients' Δ = θ_c − θ_g [k, d] (QSGD's uniforms keyed "qsgd") and costs.
+        Unquantized, the uploads stay where Δ was computed (a GPU shard reduces them there), weighted in place."""
         p = self.params
         weights = sizes.astype(np.float64) if p.weighting == "samples" else np.ones(len(sizes))
-        nbytes = deltas.shape[1] * deltas.itemsize
+        k, d = deltas.shape
+        full = d * deltas.element_size()
+        nbytes = full
+        total: np.ndarray | torch.Tensor
         if p.quantizer == "qsgd":
-            deltas = qsgd_rows(deltas, p.levels, keys.uniforms(deltas.shape[1], "qsgd"))
-            nbytes = qsgd_bytes(deltas.shape[1], p.levels)
-        k = len(sizes)
-        costs = Costs(plans.w.sum((1, 2)).astype(np.int64), plans.w.any(2).sum(1).astype(np.int64),
-                      np.full(k, nbytes / (deltas.shape[1] * deltas.itemsize)), np.full(k, nbytes, dtype=np.int64))
-        return WeightedDelta(weights.astype(deltas.dtype)[:, None] * deltas, weights), costs
+            q = qsgd_rows(host(deltas), p.levels, keys.uniforms(d, "qsgd"))
+            nbytes = qsgd_bytes(d, p.levels)
+            total = weights.astype(q.dtype)[:, None] * q
+        else:
+            total = deltas.mul_(torch.from_numpy(weights).to(deltas.device, deltas.dtype)[:, None])
+        costs = Costs(host(plans.w.sum((1, 2))).astype(np.int64), host(plans.w.any(2).sum(1)).astype(np.int64),
+                      np.full(k, nbytes / full), np.full(k, nbytes, dtype=np.int64))
+        return WeightedDelta(total, weights), costs
 
     def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
         """The per-client reference: local SGD on one client, one step at a time (the plan `step_batch` gives it)."""
@@ -333,27 +347,27 @@ class LocalSGD(Algorithm):
         keys = Keys.of([rng])
         sizes = np.array([len(data)])
         bp = self._plans(sizes, keys)
-        idx = torch.from_numpy(bp.idx[0]).to(self.device)
-        w = torch.from_numpy(bp.w[0]).to(self.device, self.dtype)
+        idx, w = bp.idx[0], bp.w[0].to(self.dtype)
         opt, one = self.params.local_optimizer.start(theta), torch.ones((1, 1), dtype=self.dtype, device=self.device)
         correction = self.correction([cstate], broadcast)
         for s in range(bp.idx.shape[1]):
             g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
             g = (g + self.mu * (theta[0] - theta_g))[None]
             opt.step(theta, g if correction is None else g + correction, lr, one)
-        reply, costs = self._uploads((theta - theta_g).cpu().numpy(), sizes, bp, keys)
-        return WeightedDelta(reply.total[0], float(reply.weight[0])), None, costs.cost(0)
+        reply, costs = self._uploads(theta - theta_g, sizes, bp, keys)
+        return WeightedDelta(host(reply.total)[0], float(reply.weight[0])), None, costs.cost(0)
 
     def correction(self, cstates: list, broadcast) -> torch.Tensor | None:
         """A fixed term [k, d] added to every local gradient of the round's clients (SCAFFOLD's c − c_i); None here."""
         return None
 
-    def _train(self, cstates: list | None, batch: ClientBatch, plans: BatchPlan, broadcast: Any) -> np.ndarray:
-        """Local SGD of all the batch's clients at once over stacked parameters; their Δ = θ_c − θ_g [k, d]."""
+    def _train(self, cstates: list | None, batch: ClientBatch, plans: BatchPlan, broadcast: Any) -> torch.Tensor:
+        """Local SGD of all the batch's clients at once over stacked parameters; their Δ = θ_c − θ_g [k, d], on the
+        model's device."""
         k = len(batch)
         base = torch.from_numpy(batch.starts[:, None]).to(self.device)
-        idx = torch.from_numpy(plans.idx).to(self.device) + base[:, :, None]  # rows of the batch's block
-        w = torch.from_numpy(plans.w).to(self.device, self.dtype)
+        idx = plans.idx + base[:, :, None]  # rows of the batch's block
+        w = plans.w.to(self.dtype)
         active = (w.sum(2, keepdim=True) > 0).to(self.dtype)  # every real step has at least one sample
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.expand(k, -1).clone()
@@ -367,7 +381,7 @@ class LocalSGD(Algorithm):
             if correction is not None:
                 g = g + correction
             opt.step(theta, g, lr, active[:, s])  # in place: plain SGD makes no new k x d buffers per step
-        return theta.sub_(theta_g).cpu().numpy()
+        return theta.sub_(theta_g)
 
     def step_batch(self, cstates: list | None, batch: ClientBatch, broadcast: Any, keys: Keys) -> Steps:
         """All clients of a shard at once: stacked parameters, the stacked or vmapped minibatch gradients (also for
@@ -386,7 +400,8 @@ class LocalSGD(Algorithm):
         if not datas:
             return []
         out = self.step_batch(cstates, ClientBatch.of(datas), broadcast, Keys.of(rngs))
-        return [(WeightedDelta(out.replies.total[i], float(out.replies.weight[i])), None, out.costs.cost(i))
+        total = host(out.replies.total)
+        return [(WeightedDelta(total[i], float(out.replies.weight[i])), None, out.costs.cost(i))
                 for i in range(len(datas))]
 
     def reduce(self, replies: list[Any]) -> Any:
@@ -408,6 +423,7 @@ class LocalSGD(Algorithm):
         theta = torch.tensor(state.params, dtype=self.dtype, device=self.device)
         params = self.spec.unflatten(theta)
         kind = self.params.loss
+        data = data.to(self.device)
         with torch.no_grad():
             out = functional_call(self.module, params, (data.test_x,))
             train_loss = float(sample_losses(functional_call(self.module, params, (data.train_x,)), data.train_y, kind).mean())

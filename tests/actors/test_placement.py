@@ -18,3 +18,4 @@ def test_fractional_gpu_capped_to_the_same_share():
     assert r.num_gpus == r.cuda_memory_fraction == 0.3333
     assert client_resources(ClusterConfig(gpu_fraction=0.25), 3, 16, 1).num_gpus == 0.25
     assert r.options() == {"num_cpus": 5.3333, "num_gpus": 0.3333}
+    assert r.threads == 5  # the host's share of a GPU shard's work: a thread per whole CPU

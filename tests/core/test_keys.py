@@ -2,6 +2,7 @@
 draws independent of the clients drawn with it, and uniform within a Monte Carlo tolerance."""
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from raysim.core.keys import Keys, philox4x32, uniforms
@@ -15,12 +16,26 @@ KAT = [  # Random123's kat_vectors: philox4x32 10, counter[4] key[2] -> output[4
 ]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))]
+
+
 @pytest.mark.parametrize("counter, key, expected", KAT)
 def test_philox_gives_the_reference_words(counter, key, expected):
-    out = philox4x32(np.array(counter, dtype=np.uint32), np.array(key, dtype=np.uint32))
-    assert out.tolist() == expected
-    batch = philox4x32(np.array([counter, counter], dtype=np.uint32), np.array(key, dtype=np.uint32))
-    assert batch.tolist() == [expected, expected]  # vectorized over counters, word for word
+    assert [int(w[0]) for w in philox4x32(tuple(np.array([c]) for c in counter), tuple(key))] == expected
+    batch = philox4x32(tuple(np.array([c, c], dtype=np.int64) for c in counter), tuple(key))
+    assert [w.tolist() for w in batch] == [[e, e] for e in expected]  # vectorized over counters, word for word
+    on_torch = philox4x32(tuple(torch.tensor([c, c]) for c in counter), tuple(key))
+    assert [w.tolist() for w in on_torch] == [[e, e] for e in expected]  # torch's int64 tensors, the same words
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_devices_draws_are_the_hosts_bit_for_bit(device):
+    ids = np.array([0, 5, 2**31, 2**32 - 2, 10**9 + 7, 123456])
+    for seed, round, n in [(0, 1, 9), (2**40 + 5, -1, 4), (7, 10**6, 1)]:
+        host = uniforms(seed, round, ids, "step", n)
+        there = uniforms(seed, round, ids, "step", n, device)
+        assert there.dtype == torch.float64 and there.device.type == device
+        assert there.cpu().numpy().tobytes() == host.tobytes()
 
 
 def test_a_clients_draws_do_not_depend_on_who_is_drawn_with_it():

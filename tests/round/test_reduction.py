@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
 
 from raysim.round.reduction import cover, reduce_owned, reduce_stacked, root_size, tree_reduce
 
@@ -76,9 +77,12 @@ class _Reply:
     weight: float
 
 
-def test_the_stacked_reduction_gives_the_pairwise_trees_bits():
+@pytest.mark.parametrize("where", ["numpy", "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_the_stacked_reduction_gives_the_pairwise_trees_bits(where):
     """reduce_stacked over replies stacked in any order equals reduce_owned with the fieldwise-sum combine, bit
-    for bit, over 200 random federations, shards and surviving clients (float32 totals across 6 decades)."""
+    for bit, over 200 random federations, shards and surviving clients (float32 totals across 6 decades), whether
+    the totals are arrays or tensors (summed where they live, a GPU's included) and whichever rows are dropped."""
     rng = np.random.default_rng(0)
     combine = lambda a, b: _Reply(np.sum([a.total, b.total], axis=0), a.weight + b.weight)  # noqa: E731
     for trial in range(200):
@@ -90,7 +94,10 @@ def test_the_stacked_reduction_gives_the_pairwise_trees_bits():
         total = (rng.standard_normal((kept.size, 7)) * 10 ** rng.uniform(-3, 3, (kept.size, 1))).astype(np.float32)
         weight = rng.integers(1, 50, kept.size) * 0.1
         pairwise = reduce_owned({int(c): _Reply(total[i], float(weight[i])) for i, c in enumerate(kept)}, blocks, combine)
-        stacked = reduce_stacked(kept, _Reply(total, weight), blocks)
+        rows = total if where == "numpy" else torch.from_numpy(total).to(where)
+        stacked = reduce_stacked(kept, _Reply(rows, weight), blocks)
+        assert rows.tobytes() == total.tobytes() if where == "numpy" else torch.equal(rows.cpu(), torch.from_numpy(total))
         assert [(s, z) for s, z, _ in stacked] == [(s, z) for s, z, _ in pairwise], trial
         for (_, _, a), (_, _, b) in zip(pairwise, stacked):
             assert a.total.tobytes() == b.total.tobytes() and a.weight == b.weight and type(b.weight) is float, trial
+            assert isinstance(b.total, np.ndarray), trial  # a shard's parts leave it as host arrays

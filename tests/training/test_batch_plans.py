@@ -1,6 +1,8 @@
 """Minibatch plans drawn for a whole batch of clients at once: each pass a permutation of the client's samples,
 uniformly random (Monte Carlo), and a client's plan the same whoever is drawn with it."""
 import numpy as np
+import pytest
+import torch
 from scipy import stats
 
 from raysim.core.keys import Keys
@@ -48,3 +50,17 @@ def test_a_pass_is_a_uniform_permutation():
     order = plans.idx[:, 0, :]
     before = (np.argmax(order == 0, axis=1) < np.argmax(order == 1, axis=1)).mean()
     assert abs(before - 0.5) < 5 * np.sqrt(0.25 / 20_000)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_plans_drawn_on_a_device_are_the_hosts(device):
+    """The tensors drawn where a shard computes are the host's NumPy plans, entry for entry, for steps or epochs."""
+    rng = np.random.default_rng(4)
+    for batch_size, steps, epochs in [(5, 5, None), (None, None, 2), (3, None, 3), (32, 7, None)]:
+        sizes = rng.integers(1, 90, 200)
+        keys = Keys(9, 3, np.sort(rng.choice(10**7, 200, replace=False)), "step")
+        host = batch_plans(sizes, batch_size, steps, epochs, keys, width=40)
+        there = batch_plans(sizes, batch_size, steps, epochs, keys, width=40, device=device)
+        assert there.idx.device.type == device and np.array_equal(there.idx.cpu().numpy(), host.idx)
+        assert np.array_equal(there.w.cpu().numpy(), host.w) and host.idx.dtype == np.int64
