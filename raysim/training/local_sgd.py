@@ -214,14 +214,34 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     on = torch.device("cpu" if device is None else device)
     idx = torch.zeros((n.size, int(steps.max()), width), dtype=torch.int64, device=on)
     w = torch.zeros(idx.shape, dtype=torch.float64, device=on)
-    bucket = np.ceil(np.log2(n)).astype(np.int64)  # clients of like size together: a pass pads to at most twice n
-    for level in np.unique(bucket):
-        sel = np.flatnonzero(bucket == level)
+    for sel in _size_groups(n, epochs, HOST_PAD_ELEMENTS if on.type == "cpu" else DEVICE_PAD_ELEMENTS):
         sub = Keys(keys.seed, keys.round, keys.clients[sel], keys.purpose)
         at = torch.from_numpy(sel).to(on)
         ns, bs, ps, ss = (torch.from_numpy(a[sel]).to(on) for a in (n, b, per_epoch, steps))
         idx[at], w[at] = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()), sub, idx.shape[1], width)
     return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
+
+
+HOST_PAD_ELEMENTS = 0  # the host draws each size class alone: padding costs it time
+DEVICE_PAD_ELEMENTS = 1 << 24  # a GPU draws size classes together up to this padded size: launches cost it, not padding
+
+
+def _size_groups(n: np.ndarray, epochs: np.ndarray, budget: int) -> list[np.ndarray]:
+    """The clients drawn together: each size class (sizes within a factor of two, so a pass pads to at most twice
+    n), and neighbouring classes merged while the padded draw (clients x passes x largest size) stays within
+    `budget` elements (0: none merged, the host's choice)."""
+    bucket = np.ceil(np.log2(n)).astype(np.int64)
+    groups: list[np.ndarray] = []
+    top_e = top_n = 0
+    for level in np.unique(bucket):
+        sel = np.flatnonzero(bucket == level)
+        e, m = max(top_e, int(epochs[sel].max())), max(top_n, int(n[sel].max()))
+        if groups and (len(groups[-1]) + len(sel)) * e * m <= budget:
+            groups[-1], top_e, top_n = np.concatenate([groups[-1], sel]), e, m
+        else:
+            groups.append(sel)
+            top_e, top_n = int(epochs[sel].max()), int(n[sel].max())
+    return groups
 
 
 def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: torch.Tensor, E: int, N: int,

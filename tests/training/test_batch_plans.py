@@ -7,7 +7,7 @@ from scipy import stats
 
 from raysim.core.keys import Keys
 from raysim.core.rng import stream
-from raysim.training import batch_plan, batch_plans
+from raysim.training import batch_plan, batch_plans, local_sgd
 
 
 def test_every_pass_takes_each_sample_once():
@@ -64,3 +64,15 @@ def test_plans_drawn_on_a_device_are_the_hosts(device):
         there = batch_plans(sizes, batch_size, steps, epochs, keys, width=40, device=device)
         assert there.idx.device.type == device and np.array_equal(there.idx.cpu().numpy(), host.idx)
         assert np.array_equal(there.w.cpu().numpy(), host.w) and host.idx.dtype == np.int64
+
+
+def test_size_classes_drawn_together_give_the_same_plans(monkeypatch):
+    """Merging size classes into one padded draw (as a GPU does) changes no client's plan."""
+    rng = np.random.default_rng(5)
+    sizes = np.concatenate([rng.integers(1, 9, 50), rng.integers(9, 300, 50), [1000]])
+    keys = Keys(1, 2, np.arange(sizes.size) * 7, "step")
+    apart = batch_plans(sizes, 8, None, 2, keys)
+    monkeypatch.setattr(local_sgd, "HOST_PAD_ELEMENTS", 1 << 24)
+    assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), 1 << 24)) == 1
+    together = batch_plans(sizes, 8, None, 2, keys)
+    assert np.array_equal(apart.idx, together.idx) and np.array_equal(apart.w, together.w)
