@@ -84,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     cpus = len(os.sched_getaffinity(0))
     print(f"{torch.cuda.get_device_name()}, {cpus} CPUs, torch {torch.__version__}, ray {ray.__version__}")
     ray_session.start_local()
+    actors: dict[int, float] = {}
     try:
-        for n in args.per_round:
+        for n in sorted(args.per_round):
             limit = vectorized_limit(config(n, args.rounds, "local", "cuda"), 1, "cuda")
             actor, info, _ = steady(config(n, args.rounds, "ray", "auto"))
+            actors[n] = actor
             assert info["actor_gpus"] == 1.0 and info["server_device"] == "cuda", info
             local, info, prof = steady(config(n, args.rounds, "local", "cuda"), args.profile)
             assert info["device"] == "cuda", info
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'GPU vectorized limit':28} {limit:9.4f}")
             if prof:
                 print(f"\nhost profile of the local GPU run (all {args.rounds} rounds and start-up):\n{prof}")
+        if len(actors) > 1:
+            lo, hi = min(actors), max(actors)
+            print(f"one GPU actor: marginal per client {lo:,} -> {hi:,}: {(actors[hi] - actors[lo]) / (hi - lo) * 1e6:.1f} us")
     finally:
         ray.shutdown()
     return 0
