@@ -87,21 +87,26 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]])
     sizes = np.array([z for _, z in blocks], dtype=np.int64)
     block = np.searchsorted(starts, rep, side="right") - 1
     limit = sizes[block]  # a node rises no higher than its owned block
-    level = 0
+    level, pairs = 0, []  # each level's (left rows, right rows): the schedule, planned on the host
     while rep.size > 1 and (2 << level) <= limit.max():
         parent = rep >> (level + 1)
         pair = (parent[:-1] == parent[1:]) & ((2 << level) <= limit[:-1])
         left = np.flatnonzero(pair)
         if left.size:  # only the paired rows move: a level costs its pairs, not the whole stack
-            a, b = torch.from_numpy(row[left]), torch.from_numpy(row[left + 1])
-            for t in sums.values():  # t[a] + t[b], in place: a single add per element, left + right
-                t.index_add_(0, a.to(t.device), t.index_select(0, b.to(t.device)))
+            pairs.append((row[left], row[left + 1]))
             keep = np.ones(rep.size, dtype=bool)
             keep[left + 1] = False
             rep, block, limit, row = rep[keep], block[keep], limit[keep], row[keep]
         level += 1
-    at = torch.from_numpy(row)
-    vals = {n: host(t.index_select(0, at.to(t.device))) for n, t in sums.items()}  # the nodes' rows, in one transfer
+    # the schedule and the nodes' rows travel to a field's device at once: no transfer (so no wait) between levels
+    schedule = torch.from_numpy(np.concatenate([np.concatenate(p) for p in pairs] + [row]))
+    vals = {}
+    for n, t in sums.items():
+        rows, at = schedule.to(t.device), 0
+        for a, b in pairs:  # t[a] + t[b], in place: a single add per element, left + right
+            t.index_add_(0, rows[at:at + a.size], t.index_select(0, rows[at + a.size:at + 2 * a.size]))
+            at += 2 * a.size
+        vals[n] = host(t.index_select(0, rows[at:]))  # the nodes' rows, in one transfer
     return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][i]) for n in names}))
             for i, b in enumerate(block)]
 

@@ -216,9 +216,9 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     w = torch.zeros(idx.shape, dtype=torch.float64, device=on)
     for sel in _size_groups(n, epochs, HOST_PAD_ELEMENTS if on.type == "cpu" else DEVICE_PAD_ELEMENTS):
         sub = Keys(keys.seed, keys.round, keys.clients[sel], keys.purpose)
-        at = torch.from_numpy(sel).to(on)
-        ns, bs, ps, ss = (torch.from_numpy(a[sel]).to(on) for a in (n, b, per_epoch, steps))
-        idx[at], w[at] = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()), sub, idx.shape[1], width)
+        at, ns, bs, ps, ss = torch.from_numpy(np.stack([sel, n[sel], b[sel], per_epoch[sel], steps[sel]])).to(on)
+        idx[at], w[at] = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()),
+                                   int((epochs[sel] * n[sel]).max()), sub, idx.shape[1], width)
     return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
 
 
@@ -244,12 +244,11 @@ def _size_groups(n: np.ndarray, epochs: np.ndarray, budget: int) -> list[np.ndar
     return groups
 
 
-def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: torch.Tensor, E: int, N: int,
+def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: torch.Tensor, E: int, N: int, m: int,
               keys: Keys, S: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`batch_plans` of clients of like size ([k, S, width]) on their tensors' device, passes begun at most E, size
-    at most N: every pass's permutation sorts that pass's n keyed uniforms."""
+    at most N, draws at most m a client: every pass's permutation sorts that pass's n keyed uniforms."""
     on = n.device
-    m = int((torch.div(steps + per_epoch - 1, per_epoch, rounding_mode="floor") * n).max())
     u = torch.from_numpy(keys.uniforms(m)) if on.type == "cpu" else keys.uniforms(m, device=on)  # NumPy's: fewer ops
     e_ax, j_ax = torch.arange(E, device=on)[:, None], torch.arange(N, device=on)[None, :]
     n3, b3 = n[:, None, None], b[:, None, None]
@@ -356,7 +355,8 @@ class LocalSGD(Algorithm):
             total = weights.astype(q.dtype)[:, None] * q
         else:
             total = deltas.mul_(torch.from_numpy(weights).to(deltas.device, deltas.dtype)[:, None])
-        costs = Costs(host(plans.w.sum((1, 2))).astype(np.int64), host(plans.w.any(2).sum(1)).astype(np.int64),
+        calls, batches = host(torch.stack([plans.w.sum((1, 2)), plans.w.any(2).sum(1).to(plans.w.dtype)])).astype(np.int64)
+        costs = Costs(calls, batches,
                       np.full(k, nbytes / full), np.full(k, nbytes, dtype=np.int64))
         return WeightedDelta(total, weights), costs
 
