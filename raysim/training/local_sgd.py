@@ -212,13 +212,20 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     epochs = -(-steps // per_epoch)  # passes begun
     width = max(int(b.max()), width or 0)
     on = torch.device("cpu" if device is None else device)
-    idx = torch.zeros((n.size, int(steps.max()), width), dtype=torch.int64, device=on)
-    w = torch.zeros(idx.shape, dtype=torch.float64, device=on)
-    for sel in _size_groups(n, epochs, HOST_PAD_ELEMENTS if on.type == "cpu" else DEVICE_PAD_ELEMENTS):
+    S = int(steps.max())
+    groups = _size_groups(n, epochs, HOST_PAD_ELEMENTS if on.type == "cpu" else DEVICE_PAD_ELEMENTS)
+    if len(groups) > 1:
+        idx = torch.zeros((n.size, S, width), dtype=torch.int64, device=on)
+        w = torch.zeros(idx.shape, dtype=torch.float64, device=on)
+    for sel in groups:
         sub = Keys(keys.seed, keys.round, keys.clients[sel], keys.purpose)
         at, ns, bs, ps, ss = torch.from_numpy(np.stack([sel, n[sel], b[sel], per_epoch[sel], steps[sel]])).to(on)
-        idx[at], w[at] = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()),
-                                   int((epochs[sel] * n[sel]).max()), sub, idx.shape[1], width)
+        got = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()), int((epochs[sel] * n[sel]).max()),
+                        sub, S, width)
+        if len(groups) > 1:
+            idx[at], w[at] = got
+        else:  # one group holds every client, in order: its plans are the batch's
+            idx, w = got
     return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
 
 
@@ -237,7 +244,7 @@ def _size_groups(n: np.ndarray, epochs: np.ndarray, budget: int) -> list[np.ndar
         sel = np.flatnonzero(bucket == level)
         e, m = max(top_e, int(epochs[sel].max())), max(top_n, int(n[sel].max()))
         if groups and (len(groups[-1]) + len(sel)) * e * m <= budget:
-            groups[-1], top_e, top_n = np.concatenate([groups[-1], sel]), e, m
+            groups[-1], top_e, top_n = np.sort(np.concatenate([groups[-1], sel])), e, m
         else:
             groups.append(sel)
             top_e, top_n = int(epochs[sel].max()), int(n[sel].max())
