@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from concurrent.futures import Executor
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -70,11 +71,14 @@ def reduce_owned(replies: dict[int, Any], blocks: list[tuple[int, int]], combine
     return [p for p in parts if p[2] is not None]
 
 
-def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]]) -> list[Part]:
+def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]],
+                   pool: Executor | None = None, threads: int = 1) -> list[Part]:
     """`reduce_owned` of replies stacked along a leading client axis (a dataclass whose fields are arrays or
     tensors over the clients `ids`) whose combine is the fieldwise sum: the same tree computed level by level for
     every block at once, each pair added left + right as the pairwise combine adds them, so the very same bits.
-    A tensor is summed where it lives (a GPU shard's uploads on its GPU); only the blocks' values come back."""
+    A tensor is summed where it lives (a GPU shard's uploads on its GPU); only the blocks' values come back. With
+    a `pool` of `threads` threads, a wide field on the CPU is summed a slice of its columns per thread (each element's adds, so
+    its bits, unchanged)."""
     if not len(ids):
         return []
     ids = np.asarray(ids, dtype=np.int64)
@@ -102,13 +106,35 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]])
     schedule = torch.from_numpy(np.concatenate([np.concatenate(p) for p in pairs] + [row]))
     vals = {}
     for n, t in sums.items():
-        rows, at = schedule.to(t.device), 0
-        for a, b in pairs:  # t[a] + t[b], in place: a single add per element, left + right
-            t.index_add_(0, rows[at:at + a.size], t.index_select(0, rows[at + a.size:at + 2 * a.size]))
+        rows, at, steps = schedule.to(t.device), 0, []
+        for a, _ in pairs:
+            steps.append((rows[at:at + a.size], rows[at + a.size:at + 2 * a.size]))
             at += 2 * a.size
+
+        def apply(part: torch.Tensor) -> None:
+            for a, b in steps:  # part[a] + part[b], in place: a single add per element, left + right
+                part.index_add_(0, a, part.index_select(0, b))
+
+        slices = _column_slices(t, threads if pool is not None else 1)
+        if len(slices) > 1 and pool is not None:
+            list(pool.map(apply, slices))
+        else:
+            apply(t)
         vals[n] = host(t.index_select(0, rows[at:]))  # the nodes' rows, in one transfer
     return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][i]) for n in names}))
             for i, b in enumerate(block)]
+
+
+MIN_COLUMNS = 1024  # columns of a field worth a thread of their own in the reduction
+
+
+def _column_slices(t: torch.Tensor, threads: int) -> list[torch.Tensor]:
+    """Views of a CPU field's column slices, one per thread (of `threads`) that has MIN_COLUMNS of them (else t)."""
+    n = 1 if t.device.type != "cpu" or t.dim() != 2 else min(threads, t.shape[1] // MIN_COLUMNS)
+    if n <= 1:
+        return [t]
+    bounds = np.linspace(0, t.shape[1], n + 1).astype(int)
+    return [t[:, lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _own_rows(v: Any, order: np.ndarray | None) -> torch.Tensor:

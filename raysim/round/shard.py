@@ -272,7 +272,8 @@ class ClientShard:
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
         out, cpu = self._steps(round, clients, broadcast, fail)
-        times = np.concatenate(self._map(lambda s: self.system.client_compute_times(round, ids[s], out.costs.take(s)),
+        u = self.system.compute_uniforms(round, ids)  # one draw of the round's stream, the quantiles on the threads
+        times = np.concatenate(self._map(lambda s: self.system.client_compute_times(round, ids[s], out.costs.take(s), u[s]),
                                          len(ids))) if len(ids) else np.zeros(0)
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
@@ -280,7 +281,8 @@ class ClientShard:
         if reduce:
             kept = self.system.within_deadline(times)
             if stacked:
-                parts = reduce_stacked(ids[kept], out.replies if kept.all() else take_rows(out.replies, kept), self.blocks)
+                parts = reduce_stacked(ids[kept], out.replies if kept.all() else take_rows(out.replies, kept), self.blocks,
+                                       self.pool, self.threads)
             else:
                 parts = reduce_owned({c: r for c, r, k in zip(clients, out.replies, kept) if k}, self.blocks,
                                      lambda a, b: self.algo.reduce([a, b]))

@@ -60,20 +60,23 @@ class SystemModel:
         """Every client's oracle calls in the configured unit (`calls` of each)."""
         return costs.oracle_calls if self.cfg.compute.unit == "sample" else costs.oracle_batches
 
-    def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: Costs | list[Cost]) -> np.ndarray:
+    def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: Costs | list[Cost],
+                             uniforms: np.ndarray | None = None) -> np.ndarray:
         """The clients' compute times b*shift + Erlang(b, rate) over their speed factors (§2.1).
 
         Client c's Erlang draw is the quantile of the c-th uniform of the round's stream (only the prefix
         up to the largest id is drawn), so it does not depend on which clients share its actor, and a
-        whole shard costs one vectorized quantile.
+        whole shard costs one vectorized quantile. `uniforms`: the clients' `compute_uniforms`, drawn already
+        (a shard draws them once and splits the quantiles over its threads).
         """
         c = self.cfg.compute
         idx = np.asarray(clients, dtype=np.int64)
         calls = self.calls_of(as_costs(costs)).astype(float)
         speed = 1.0 if self.speed is None else self.speed[idx]
-        return np.atleast_1d(compute_time(calls, self._uniforms(round, idx), c.shift, c.rate, speed))
+        u = self.compute_uniforms(round, idx) if uniforms is None else uniforms
+        return np.atleast_1d(compute_time(calls, u, c.shift, c.rate, speed))
 
-    def _uniforms(self, round: int, idx: np.ndarray) -> np.ndarray:
+    def compute_uniforms(self, round: int, idx: np.ndarray) -> np.ndarray:
         """Uniform number idx[i] of the round's "client_compute" stream for each i: the prefix up to the largest id
         drawn at once, or, beyond PREFIX_DRAWS, each taken alone from a copy of the stream advanced to it (a
         double is one 64-bit draw of PCG64), so 10^8 registered clients cost nothing per round but the round's."""

@@ -1,11 +1,12 @@
 """The fixed reduction tree: the same bits from any split of the clients into shards."""
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
-from raysim.round.reduction import cover, reduce_owned, reduce_stacked, root_size, tree_reduce
+from raysim.round.reduction import _column_slices, cover, reduce_owned, reduce_stacked, root_size, tree_reduce
 
 
 def add(a, b):
@@ -101,3 +102,20 @@ def test_the_stacked_reduction_gives_the_pairwise_trees_bits(where):
         for (_, _, a), (_, _, b) in zip(pairwise, stacked):
             assert a.total.tobytes() == b.total.tobytes() and a.weight == b.weight and type(b.weight) is float, trial
             assert isinstance(b.total, np.ndarray), trial  # a shard's parts leave it as host arrays
+
+
+def test_a_wide_field_summed_a_column_slice_per_thread_gives_the_same_bits():
+    """A field of 5,000 columns summed on 4 threads (a slice of columns each) gives the one thread's bits."""
+    rng = np.random.default_rng(3)
+    n = 500
+    owned = np.arange(n)
+    kept = np.sort(rng.choice(n, 300, replace=False))
+    total = (rng.standard_normal((kept.size, 5000)) * 10 ** rng.uniform(-3, 3, (kept.size, 1))).astype(np.float32)
+    reply = _Reply(torch.from_numpy(total), rng.integers(1, 50, kept.size) * 0.1)
+    one = reduce_stacked(kept, reply, cover(owned.tolist(), n))
+    with ThreadPoolExecutor(4) as pool:
+        four = reduce_stacked(kept, reply, cover(owned.tolist(), n), pool, 4)
+    assert [(s, z) for s, z, _ in one] == [(s, z) for s, z, _ in four] and len(one) > 1
+    for (_, _, a), (_, _, b) in zip(one, four):
+        assert a.total.tobytes() == b.total.tobytes() and a.weight == b.weight
+    assert len(_column_slices(reply.total, 4)) == 4 and len(_column_slices(reply.total[:, :1500], 4)) == 1
