@@ -19,11 +19,12 @@ __version__ = installed_version()
 
 
 def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides: list[str] | dict[str, Any] | None = None,
-        *, address: str | None = None, out: str | Path | None = None, progress: bool = False,
+        *, address: str | None = None, out: str | Path | None = None, progress: bool = True,
         on_round: Callable[[dict[str, Any]], bool | None] | None = None, resume: str | Path | None = None,
         callbacks: list[Callback] | None = None, overwrite: bool = False, **kw_overrides: Any) -> RunResult:
     """Run an experiment (a YAML path, a dict or an ExperimentConfig; None with `resume=`); see `raysim.runner.run`.
-    `kw_overrides` are overrides with `__` for dots (`algorithm__lr=0.1`)."""
+    `kw_overrides` are overrides with `__` for dots (`algorithm__lr=0.1`). Progress shows on stderr (a bar on a
+    terminal or in Jupyter, a line every 10 s otherwise); `progress=False` silences it."""
     from raysim.runner import run as _run
 
     return _run(config, overrides, address=address, out=out, progress=progress, on_round=on_round, resume=resume,

@@ -3,6 +3,7 @@
 every round, and stop cleanly on errors."""
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import time
@@ -22,7 +23,7 @@ from raysim.round.experiment import Experiment
 from raysim.round.local import LocalServer
 from raysim.runner import ray_session
 from raysim.runner.interrupt import StopSignals
-from raysim.runner.progress import LOGGER, RunProgress
+from raysim.runner.progress import LOGGER, RunProgress, configure_logging
 from raysim.storage import checkpoint
 from raysim.storage.atomic import write_text
 
@@ -140,7 +141,7 @@ def _resume_point(run_dir: Path) -> int:
 
 
 def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides: list[str] | dict[str, Any] | None = None,
-        *, address: str | None = None, out: str | Path | None = None, progress: bool = False,
+        *, address: str | None = None, out: str | Path | None = None, progress: bool = True,
         on_round: Callable[[dict[str, Any]], bool | None] | None = None, resume: str | Path | None = None,
         callbacks: list[Callback] | None = None, overwrite: bool = False, **kw_overrides: Any) -> RunResult:
     """Run one experiment and return its results (`.rounds`, `.clients` DataFrames, `.run_dir`).
@@ -154,7 +155,12 @@ def run(config: str | Path | dict[str, Any] | ExperimentConfig | None, overrides
     `resume=RUN_DIR` continues an interrupted run from its newest intact checkpoint with the config saved
     there (`config` is then ignored and may be None) and reaches the same numbers as an uninterrupted run.
     SIGTERM or SIGINT stops the run after the round in flight, with a checkpoint, and raises RunInterrupted.
+    `progress` shows the start-up and the rounds on stderr (a bar on a terminal or in Jupyter, plain lines every
+    10 s otherwise), through the `raysim` logger: when neither it nor the root logger has a handler yet (a plain
+    script or notebook), one to stderr is added; a program that configured logging keeps its own.
     """
+    if progress and not LOGGER.handlers and not logging.getLogger().handlers:
+        configure_logging()
     items = dict(overrides or {}) if not isinstance(overrides, list) else dict(map(parse_override, overrides))
     items.update({k.replace("__", "."): v for k, v in kw_overrides.items()})
     with StopSignals() as signals:

@@ -86,7 +86,7 @@ class RunProgress:
                  interactive: bool | None = None, clock: Callable[[], float] = time.monotonic):
         self.name, self.total, self.done, self.enabled = name, total, done, enabled
         self.every_rounds, self.every_s, self.clock = every_rounds, every_s, clock
-        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.interactive = (sys.stderr.isatty() or Console().is_jupyter) if interactive is None else interactive
         self.bar: Progress | None = None
         self.start = self.last_time = clock()
         self.first, self.last_round = done, done

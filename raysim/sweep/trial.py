@@ -131,8 +131,8 @@ def run_trial(params: dict, tree: dict, sweep_dir: str, cpus: float, gpus: float
     report = TuneReport(metric, mode)
     if (run_dir / "config.yaml").exists():
         if not _done(run_dir):
-            run(None, layout, resume=run_dir, callbacks=[report])
+            run(None, layout, resume=run_dir, callbacks=[report], progress=False)
     else:
-        run(tree, {**space, "seed": trial_seed(params, cfg.seed), **layout}, out=run_dir, callbacks=[report])
+        run(tree, {**space, "seed": trial_seed(params, cfg.seed), **layout}, out=run_dir, callbacks=[report], progress=False)
     if not report.reported:
         report.report(RunResult.load(run_dir).rounds.iloc[-1].to_dict())

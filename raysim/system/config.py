@@ -1,4 +1,4 @@
-"""Pydantic models of the YAML `system:` section (DESIGN.md, "The system model")."""
+"""Pydantic models of the YAML `system:` section (the README's "The system model": Erlang compute, M/M/1 uploads)."""
 from __future__ import annotations
 
 from typing import Literal

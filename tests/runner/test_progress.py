@@ -101,3 +101,28 @@ def test_the_logger_follows_stderr_when_it_is_replaced(monkeypatch):
     monkeypatch.setattr(sys, "stderr", second)
     LOGGER.info("after the swap")
     assert "raysim INFO after the swap" in second.getvalue()
+
+
+SCRIPT = """
+import raysim
+cfg = {"name": "script", "backend": "local", "data": {"source": "digits", "num_clients": 6},
+       "model": {"name": "logreg"}, "algorithm": {"name": "fedavg", "rounds": 3, "clients_per_round": 3}}
+raysim.run(cfg, out=OUT, **KW)
+"""
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_plain_script_shows_progress_on_stderr_unless_told_not_to(tmp_path, progress):
+    """A script that configured no logging (stderr piped, not a terminal) gets the start-up and round lines from
+    `raysim.run` by default; `progress=False` leaves stderr quiet."""
+    import subprocess
+    import sys
+
+    code = SCRIPT.replace("OUT", repr(str(tmp_path / "run"))).replace("KW", "{}" if progress else "{'progress': False}")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rounds = [line for line in done.stderr.splitlines() if "script: round" in line]
+    if progress:
+        assert [line.split("round ")[1].split()[0] for line in rounds] == ["1/3", "3/3"], done.stderr
+    else:
+        assert not rounds and "raysim INFO" not in done.stderr, done.stderr
