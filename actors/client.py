@@ -54,6 +54,10 @@ class ClientActor(ClientShard):
         self._loaded()
         return super().train(round, clients, broadcast, reduce, fail)
 
+    def evaluate(self, clients: Any, payload: Any) -> dict:
+        self._loaded()
+        return super().evaluate(clients, payload)
+
     def save(self, ckpt: str | Path) -> dict[str, dict[str, Any]]:
         self._loaded()
         return super().save(ckpt)

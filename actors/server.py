@@ -27,6 +27,7 @@ from raysim.round.engine import RoundEngine, RoundPlan, shards_of
 from raysim.round.experiment import Experiment
 from raysim.round.shard import ClientShard, ShardResult
 from raysim.storage import checkpoint
+from raysim.system import payload_bytes
 
 RESTART_TIMEOUT_S = 120.0  # how long a dead client actor may take to come back
 INLINE_BYTES = 100_000  # broadcasts that all of a round's calls carry in fewer bytes go inline (Ray's own inline limit)
@@ -296,10 +297,34 @@ class RoundServer:
         kept = [result for result, at in left if at <= cutoff][:need]
         return kept, set(refs.values()) - {r.clients[0] for r in kept}
 
-    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray]]:
-        """One synchronized round; returns the results row and the per-client rows. Under the virtual clock
-        the next round goes to the client actors before this one is evaluated: they train while this
-        process evaluates and the runner writes (the same calls in the same order, so the same numbers)."""
+    def _send_eval(self, clients: np.ndarray) -> tuple[dict[int, Any], dict[int, np.ndarray], Any]:
+        """Ask each shard holding some of `clients` for their federated evaluation (before the next round's steps
+        reach it, so it sees this round's client states): the refs, each shard's clients, the payload (or its ref)."""
+        by_actor = {a: np.asarray(cs, dtype=np.int64) for a, cs in shards_of(clients, self.per_actor).items()}
+        payload = self.engine.eval_payload()
+        carried = payload if payload_bytes(payload) * len(by_actor) <= INLINE_BYTES else ray.put(payload)
+        refs = {a: self.actors[a].evaluate.remote(cs, carried) for a, cs in by_actor.items() if a in self.actors}
+        return refs, by_actor, carried
+
+    def _gather_eval(self, sent: tuple[dict[int, Any], dict[int, np.ndarray], Any]) -> dict[str, np.ndarray]:
+        """The shards' federated evaluation columns, joined in client order (shard 0 evaluated here meanwhile)."""
+        refs, by_actor, carried = sent
+        parts = []
+        if self.local is not None and 0 in by_actor:
+            parts.append(self.local.evaluate(by_actor[0], self.engine.eval_payload()))
+        for shard, ref in refs.items():
+            def again(actor: Any, cs: np.ndarray = by_actor[shard]) -> Any:
+                return actor.evaluate.remote(cs, carried)
+            parts.append(self._settle(shard, ref, again))
+        joined = {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
+        order = np.argsort(joined["client_id"], kind="stable")
+        return {n: v[order] for n, v in joined.items()}
+
+    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+        """One synchronized round; returns the results row, the per-client rows and the federated evaluation's
+        rows. Under the virtual clock the next round goes to the client actors before this one is evaluated: they
+        train while this process evaluates and the runner writes (the same calls in the same order, so the same
+        numbers); a federated evaluation goes to them before it."""
         if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
             rp = self.engine.plan(round)
             results: list[ShardResult] = []
@@ -321,9 +346,12 @@ class RoundServer:
             self._checkpoint(round)
         else:
             self._bound_replay()
+        ids = self.engine.eval_clients(rp)
+        asked = self._send_eval(ids) if ids is not None else None
         if self.cfg.system.clock.mode == "virtual" and round < self.cfg.algorithm.rounds:
             self.sent = self._dispatch(round + 1)
-        return self.engine.rows(rp, out, self.restarts, saved)
+        evals = self._gather_eval(asked) if asked is not None else None
+        return self.engine.rows(rp, out, self.restarts, saved, evals)
 
 
 ServerActor = ray.remote(num_cpus=0)(RoundServer)

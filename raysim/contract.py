@@ -256,6 +256,21 @@ class Algorithm:
         """Metrics of the current ServerState."""
         return {}
 
+    def eval_payload(self, state: Any) -> Any:
+        """What the server sends the clients' actors for federated evaluation (`eval.clients`): the global model."""
+        raise NotImplementedError
+
+    def evaluate_clients(self, payload: Any, cstates: list[Any] | None, batch: ClientBatch) -> dict[str, np.ndarray]:
+        """Federated evaluation: metric columns [k] of the model in `payload` on each client's own rows in `batch`
+        (`cstates`, their client states, for personalized models; None when `client_init` gives None). A client's
+        numbers must not depend on which clients share the batch."""
+        raise NotImplementedError
+
+    @classmethod
+    def evaluates_clients(cls) -> bool:
+        """Whether this algorithm defines federated evaluation (`evaluate_clients` and `eval_payload`)."""
+        return cls.evaluate_clients is not Algorithm.evaluate_clients and cls.eval_payload is not Algorithm.eval_payload
+
     def export(self, state: Any) -> Any:
         """The trained model of a ServerState, for `raysim export`: an `nn.Module` (torch families) or a
         {name: array} mapping (saved as .npz; nested mappings and dataclasses are flattened to dotted names, and

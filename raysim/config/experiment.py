@@ -81,6 +81,14 @@ class FaultConfig(BaseModel):
     actor: int = Field(ge=0, description="index of the client actor, 0..num_actors-1")
 
 
+class ClientSample(BaseModel):
+    """`eval.clients: {sample: N}`: N clients drawn afresh (seeded) at every evaluated round."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sample: int = Field(ge=1)
+
+
 class EvalConfig(BaseModel):
     """The `eval:` section."""
 
@@ -90,6 +98,9 @@ class EvalConfig(BaseModel):
     train_samples: int = Field(20000, ge=0, description="pooled training samples evaluated for train_loss")
     test_samples: int | None = Field(None, ge=1, description="evaluate a seeded sample of at most this many test"
                                      " samples (the same every round); None: the whole test set")
+    clients: Literal["none", "selected", "all"] | ClientSample = Field(
+        "none", description="federated evaluation: the global model on each chosen client's own data, on the clients'"
+                            " actors, every `every` rounds: none, the round's selected clients, all, or {sample: N}")
 
 
 class ExperimentConfig(BaseModel):
@@ -159,6 +170,11 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(
             f"algorithm.clients_per_round: {cfg.algorithm.clients_per_round} clients a round"
             f" (+{cfg.system.stragglers.over_select} over-selected) exceeds data.num_clients={cfg.data.num_clients}")
+    if cfg.eval.clients != "none" and not problems and not ALGORITHMS.lookup(cfg.algorithm.name).evaluates_clients():
+        problems.append(f"eval.clients: algorithm {cfg.algorithm.name!r} cannot evaluate on clients (it defines no"
+                        " evaluate_clients); use eval.clients: none")
+    if isinstance(cfg.eval.clients, ClientSample) and cfg.eval.clients.sample > cfg.data.num_clients:
+        problems.append(f"eval.clients.sample: {cfg.eval.clients.sample} exceeds data.num_clients={cfg.data.num_clients}")
     if cfg.faults and cfg.system.clock.mode != "virtual":
         problems.append("faults: injected faults need system.clock.mode 'virtual' (the real clock drops late clients)")
     if cfg.backend == "local" and cfg.faults:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from raysim import plugins
 from raysim.report.figures import AXES, METRICS, metric_columns, save_figure, tidy_x, wants_log
@@ -47,12 +48,37 @@ def plot_metrics(result: RunResult) -> list[Path]:
     return written
 
 
+def plot_client_eval(result: RunResult) -> Path | None:
+    """The federated evaluation's per-client distribution over rounds (`eval.clients`): a box per evaluated round
+    (10th-90th percentile whiskers) and the sample-weighted mean, a panel per metric; None without one."""
+    ev = result.client_eval
+    if ev is None or ev.empty:
+        return None
+    metrics = [m for m in ("accuracy", "loss") if m in ev] or [c for c in ev.columns if c not in (
+        "round", "client_id", "samples", "split") and ev[c].dtype.kind == "f"][:2]
+    rounds = sorted(ev["round"].unique())
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.6), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        groups = [ev.loc[ev["round"] == r, [m, "samples"]].dropna() for r in rounds]
+        ax.boxplot([g[m] for g in groups], positions=rounds, widths=max(0.6, 0.5 * min(np.diff(rounds), default=1)),
+                   whis=(10, 90), showfliers=False, manage_ticks=False)
+        ax.plot(rounds, [np.average(g[m], weights=g["samples"]) if len(g) else np.nan for g in groups], "o-",
+                label="sample-weighted mean")
+        ax.set_xlabel("round")
+        tidy_x(ax)
+        ax.set_ylabel(f"client {m}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result.run_dir.name}: federated evaluation, one box of clients per round")
+    return save_figure(fig, result.run_dir / "client_eval.png")
+
+
 def report(run_dir: str | Path) -> list[Path]:
     """Write every plot of a run directory; returns the files written."""
     result = RunResult.load(run_dir)
     written = plot_metrics(result)
-    timeline = plot_timeline(result)
-    written += [timeline] if timeline else []
+    timeline, per_client = plot_timeline(result), plot_client_eval(result)
+    written += [p for p in (timeline, per_client) if p]
     plugins.load_builtin()
     for module in list(plugins.REPORT_MODULES):
         importlib.import_module(module)

@@ -59,6 +59,7 @@ class RunResult:
     rounds: pd.DataFrame
     clients: pd.DataFrame
     info: dict[str, Any] = field(default_factory=dict)
+    client_eval: pd.DataFrame | None = None  # federated evaluation (`eval.clients`): one row per client evaluated
 
     @property
     def config(self) -> dict[str, Any]:
@@ -76,10 +77,8 @@ class RunResult:
             raise RunDirError(f"{run_dir} has no rounds.parquet: not a raysim run directory")
         info_path = run_dir / "run.json"
         info = read_or_refuse(info_path, lambda: json.loads(info_path.read_text())) if info_path.exists() else {}
-        clients_path = run_dir / "clients.parquet"
-        parts = sorted(clients_path.glob("round-*.parquet")) if clients_path.is_dir() else []
-        clients = read_or_refuse(clients_path, lambda: _read_parts(parts)) if parts else pd.DataFrame()
-        return cls(run_dir, read_or_refuse(rounds_path, lambda: pd.read_parquet(rounds_path)), clients, info)
+        clients, evals = (_read_table(run_dir / name) for name in PARTED)
+        return cls(run_dir, read_or_refuse(rounds_path, lambda: pd.read_parquet(rounds_path)), clients, info, evals)
 
     def model(self, best: bool = False) -> Any:
         """The trained model (an nn.Module for torch families, else {name: array}) after the newest checkpoint, or
@@ -89,6 +88,29 @@ class RunResult:
         return trained_model(self.run_dir, best).model
 
 
+PARTED = ("clients.parquet", "client_eval.parquet")  # the tables written as a folder of parts, a part per write
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """A folder of Parquet parts as one DataFrame (empty where there is none)."""
+    import pandas as pd
+
+    parts = sorted(path.glob("round-*.parquet")) if path.is_dir() else []
+    return read_or_refuse(path, lambda: _read_parts(parts)) if parts else pd.DataFrame()
+
+
+def _trim_parts(folder: Path, resume_round: int) -> None:
+    """Drop a folder's rows past `resume_round`: parts after it go, a part that runs past it keeps its rounds up to it."""
+    for part in folder.glob("round-*.parquet"):
+        first, last = _part_rounds(part)
+        if first > resume_round:
+            part.unlink()
+        elif last > resume_round:
+            kept = [r for r in pq.read_table(part).to_pylist() if r["round"] <= resume_round]
+            part.unlink()
+            write_parquet(kept, folder / f"round-{first:06d}-{resume_round:06d}.parquet")
+
+
 def _part_rounds(part: Path) -> tuple[int, int]:
     """(first, last) round of a clients.parquet part: `round-T` holds round T, `round-A-B` rounds A..B."""
     bounds = [int(x) for x in part.stem.removeprefix("round-").split("-")]
@@ -96,12 +118,12 @@ def _part_rounds(part: Path) -> tuple[int, int]:
 
 
 class RunWriter:
-    """Writes a run's tables as rounds finish: rounds.parquet rewritten atomically, and the client rows
-    of the rounds since the last write as one more Parquet part in the clients.parquet folder, so a write
-    costs the same whatever the run's length. Writes come at most every `flush_every_s` seconds, and at
-    every `flush` (the runner's, before it commits a checkpoint) and status change: rounds of a few
-    milliseconds do not wait for two files each. `resume_round` keeps what an interrupted run saved up
-    to that round and drops the rest (rounds.parquet first, at once)."""
+    """Writes a run's tables as rounds finish: rounds.parquet rewritten atomically, and the client rows (and the
+    federated evaluation's, when there is one) of the rounds since the last write as one more Parquet part in the
+    clients.parquet (client_eval.parquet) folder, so a write costs the same whatever the run's length. Writes come
+    at most every `flush_every_s` seconds, and at every `flush` (the runner's, before it commits a checkpoint) and
+    status change: rounds of a few milliseconds do not wait for two files each. `resume_round` keeps what an
+    interrupted run saved up to that round and drops the rest (rounds.parquet first, at once)."""
 
     def __init__(self, run_dir: Path, resume_round: int | None = None, flush_every_s: float = FLUSH_EVERY_S) -> None:
         self.run_dir = run_dir
@@ -110,7 +132,8 @@ class RunWriter:
         self.rounds: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {"status": "running"}
         self.flush_every_s = flush_every_s
-        self.pending: list[dict[str, np.ndarray]] = []  # client rows not yet written, a dict of columns a round
+        # rows not yet written, a dict of columns a round, by folder (client_eval.parquet only on evaluated rounds)
+        self.pending: dict[str, list[dict[str, np.ndarray]]] = {name: [] for name in PARTED}
         self.written = 0  # rounds[:written] are on disk
         self.written_at = time.monotonic()
         if resume_round is not None:
@@ -118,36 +141,37 @@ class RunWriter:
             if rounds.exists():  # the rounds first: a crash in between leaves client rows the next resume drops
                 self.rounds = [r for r in pq.read_table(rounds).to_pylist() if r["round"] <= resume_round]
                 write_parquet(self.rounds, rounds)
-            for part in self.clients_dir.glob("round-*.parquet"):
-                first, last = _part_rounds(part)
-                if first > resume_round:
-                    part.unlink()
-                elif last > resume_round:  # a part that runs past the checkpoint keeps its rounds up to it
-                    kept = [r for r in pq.read_table(part).to_pylist() if r["round"] <= resume_round]
-                    part.unlink()
-                    write_parquet(kept, self.clients_dir / f"round-{first:06d}-{resume_round:06d}.parquet")
+            for name in PARTED:
+                _trim_parts(run_dir / name, resume_round)
             info = run_dir / "run.json"
             self.info = {**(json.loads(info.read_text()) if info.exists() else {}), "status": "running"}
         self.written = len(self.rounds)
 
-    def add(self, row: dict[str, Any], client_rows: dict[str, np.ndarray]) -> None:
-        """Take a finished round's row and its clients' rows (columns); write if the last write is `flush_every_s` old."""
+    def add(self, row: dict[str, Any], client_rows: dict[str, np.ndarray],
+            client_eval: dict[str, np.ndarray] | None = None) -> None:
+        """Take a finished round's row, its clients' rows and its federated evaluation's rows (columns); write if the
+        last write is `flush_every_s` old."""
         self.rounds.append(row)
-        self.pending.append(client_rows)
+        self.pending["clients.parquet"].append(client_rows)
+        if client_eval is not None:
+            self.pending["client_eval.parquet"].append(client_eval)
         if time.monotonic() - self.written_at >= self.flush_every_s:
             self.flush()
 
     def flush(self) -> None:
-        """Write every round added so far: rounds.parquet, and one clients part for the rounds since the last write."""
+        """Write every round added so far: rounds.parquet, and one part of each folder for the rounds since the last
+        write."""
         if self.written == len(self.rounds):
             return
-        if self.pending:  # before rounds.parquet: a round there has its client rows on disk
-            first, last = self.rounds[self.written]["round"], self.rounds[-1]["round"]
-            name = f"round-{first:06d}" + (f"-{last:06d}" if last != first else "")
-            write_columns({k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]},
-                          self.clients_dir / f"{name}.parquet")
+        first, last = self.rounds[self.written]["round"], self.rounds[-1]["round"]
+        part = f"round-{first:06d}" + (f"-{last:06d}" if last != first else "") + ".parquet"
+        for name, pending in self.pending.items():  # before rounds.parquet: a round there has its rows on disk
+            if pending:
+                (self.run_dir / name).mkdir(exist_ok=True)
+                write_columns({k: np.concatenate([p[k] for p in pending]) for k in pending[0]}, self.run_dir / name / part)
         write_parquet(self.rounds, self.run_dir / "rounds.parquet")
-        self.pending, self.written, self.written_at = [], len(self.rounds), time.monotonic()
+        self.pending = {name: [] for name in PARTED}
+        self.written, self.written_at = len(self.rounds), time.monotonic()
 
     def status(self, **info: Any) -> None:
         """Record run metadata (status, start-up times, error) in run.json, after the rounds it speaks of."""

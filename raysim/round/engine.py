@@ -149,11 +149,35 @@ class RoundEngine:
         """Take the server's state and ledger from checkpoint `folder`."""
         self.state, self.ledger = checkpoint.load(folder / "server.pkl")
 
-    def rows(self, rp: RoundPlan, out: RoundOutcome, restarts: int = 0, saved: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
-        """Evaluate (every `eval.every` rounds and the last) and return the round's results row and its
-        clients' rows as columns."""
+    def eval_clients(self, rp: RoundPlan) -> np.ndarray | None:
+        """The clients evaluated on their own data after `rp`'s round (`eval.clients`, at evaluated rounds), in id
+        order; None when none are."""
+        which = self.cfg.eval.clients
+        if which == "none" or not self.cfg.evaluates(rp.round):
+            return None
+        if which == "selected":
+            return np.unique(rp.clients)
+        if which == "all":
+            return np.arange(self.fed.num_clients, dtype=np.int64)
+        rng = stream(self.cfg.seed, rp.round, SERVER, "eval_clients")
+        return np.sort(rng.choice(self.fed.num_clients, which.sample, replace=False)).astype(np.int64)
+
+    def eval_payload(self) -> Any:
+        """What the clients' actors evaluate: the algorithm's `eval_payload` of the current server state."""
+        return self.algo.eval_payload(self.state)
+
+    def rows(self, rp: RoundPlan, out: RoundOutcome, restarts: int = 0, saved: bool = False,
+             evals: dict[str, np.ndarray] | None = None) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+        """Evaluate (every `eval.every` rounds and the last) and return the round's results row, its clients' rows
+        as columns, and the federated evaluation's rows (`evals`, the shards' columns, with the round and the split
+        added; their distribution summarized in the row)."""
         round, timing = rp.round, out.timing
         metrics = self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {}
+        eval_rows = None
+        if evals is not None:
+            metrics.update(client_metric_summary(evals))
+            n = len(evals["client_id"])
+            eval_rows = {"round": np.full(n, round, dtype=np.int64), **evals, "split": np.full(n, "train")}
         dropped = int(timing.dropped.sum())
         row = {
             "round": round,
@@ -187,7 +211,29 @@ class RoundEngine:
             "dropped": np.concatenate([timing.dropped.astype(bool), np.ones(late.size, dtype=bool)]),
             "cpu_s": np.concatenate([np.asarray(out.cpu, dtype=np.float64), np.full(late.size, np.nan)]),
         }
-        return row, client_rows
+        return row, client_rows, eval_rows
+
+
+SUMMARY_QUANTILES = (10, 50, 90)
+
+
+def client_metric_summary(evals: dict[str, np.ndarray]) -> dict[str, float]:
+    """The distribution of each per-client metric over the evaluated clients: the sample-weighted mean, the std and
+    the 10th, 50th and 90th percentiles over clients (`client_<metric>_mean`, `_std`, `_p10`, ...)."""
+    out: dict[str, float] = {}
+    w = np.asarray(evals["samples"], dtype=np.float64)
+    for name, v in evals.items():
+        if name in ("client_id", "samples"):
+            continue
+        v = np.asarray(v, dtype=np.float64)
+        ok = ~np.isnan(v)
+        if not ok.any() or w[ok].sum() == 0:
+            continue
+        out[f"client_{name}_mean"] = float(np.sum(w[ok] * v[ok]) / np.sum(w[ok]))
+        out[f"client_{name}_std"] = float(np.std(v[ok]))
+        for q in SUMMARY_QUANTILES:
+            out[f"client_{name}_p{q}"] = float(np.percentile(v[ok], q))
+    return out
 
 
 def shards_of(clients: list[int] | np.ndarray, per_shard: int) -> dict[int, list[int]]:

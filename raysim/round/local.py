@@ -47,16 +47,19 @@ class LocalServer:
         self.engine.load(Path(folder))
         self.shard.restore(folder, [])
 
-    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray]]:
-        """One round: the engine's plan, the shard's steps, the engine's aggregation and rows."""
+    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+        """One round: the engine's plan, the shard's steps, the engine's aggregation, the federated evaluation
+        (`eval.clients`) and the rows."""
         assert self.shard is not None, "start() first"
         rp = self.engine.plan(round)
         results = [self.shard.train(round, rp.client_list, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
         out = self.engine.aggregate(rp, results)
+        ids = self.engine.eval_clients(rp)
+        evals = self.shard.evaluate(ids, self.engine.eval_payload()) if ids is not None else None
         saved = self.run_dir is not None and self.engine.checkpoint_due(round)
         if saved:
             self.checkpoint(round)
-        return self.engine.rows(rp, out, saved=saved)
+        return self.engine.rows(rp, out, saved=saved, evals=evals)
 
     def checkpoint(self, round: int) -> None:
         """Save the server's and every client's state after `round` (the round just run), then the manifest."""

@@ -267,6 +267,20 @@ class ClientShard:
         return (Steps(concat_rows([o.replies for o in outs]), states, Costs.concat([o.costs for o in outs])),
                 np.concatenate([c for _, c in done]))
 
+    def evaluate(self, clients: np.ndarray, payload: Any) -> dict[str, np.ndarray]:
+        """Federated evaluation of `clients` (sorted ids) with the server's `payload` (the algorithm's
+        `evaluate_clients`), in chunks on the shard's threads: columns client_id, samples and the metrics."""
+        ids = np.asarray(clients, dtype=np.int64)
+
+        def run(s: slice) -> dict[str, np.ndarray]:
+            part = ids[s]
+            states = None if self.stateless else [self.states[c] for c in part.tolist()]
+            batch = self.data.batch(part)
+            return {"samples": batch.sizes, **self.algo.evaluate_clients(payload, states, batch)}
+
+        done = self._map(run, len(ids), self.device == "cpu")
+        return {"client_id": ids, **{n: np.concatenate([d[n] for d in done]) for n in done[0]}}
+
     def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
         """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""

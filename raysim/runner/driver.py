@@ -68,7 +68,7 @@ class RemoteServer:
     def checkpoint(self, round: int) -> None:
         ray.get(self.actor.checkpoint.remote(round))
 
-    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray]]:
+    def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
         return ray.get(self.actor.run_round.remote(round))
 
     def state(self) -> Any:
@@ -240,10 +240,10 @@ def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int,
             signals.at_round_end = True
             for t in range(done + 1, cfg.algorithm.rounds + 1):
                 t0 = time.perf_counter()
-                row, client_rows = server.run_round(t)
+                row, client_rows, evals = server.run_round(t)
                 wall += time.perf_counter() - t0
                 row["wall_s"] = wall
-                writer.add(row, client_rows)
+                writer.add(row, client_rows, evals)
                 if row["checkpoint"]:  # a resume restarts after this round: its rows go to disk first
                     writer.flush()
                     checkpoint.commit(run_dir, t)

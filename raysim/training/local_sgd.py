@@ -61,6 +61,8 @@ def label_cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 EVAL_CHUNK_ROWS = 1 << 15  # logits a chunk at a time: its temporaries stay in cache
+CLIENT_EVAL_ROWS = 32  # a client's rows a matrix of federated evaluation (the last one padded)
+CLIENT_EVAL_GROUP = 256  # such matrices a stacked forward at a time
 
 
 def class_metrics(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +76,13 @@ def class_metrics(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tor
         top, pred[a:b] = z.max(1)  # the first maximal class, as argmax
         losses[a:b] = (z - top[:, None]).exp_().sum(1).log_().add_(top).sub_(z.gather(1, y[a:b, None]).squeeze(1))
     return losses, pred
+
+
+def _spread(values: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    """`values` placed at positions `at` of n, NaN elsewhere."""
+    out = np.full(n, np.nan)
+    out[at] = values
+    return out
 
 
 def squared_norm(params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -439,6 +448,50 @@ class LocalSGD(Algorithm):
             return state, Cost()
         total = self.reduce(replies)
         return ServerState(state.params + self.params.server_lr * total.total / total.weight), Cost()
+
+    def eval_payload(self, state: Any) -> np.ndarray:
+        """The global parameter vector θ."""
+        return state.params
+
+    def evaluate_clients(self, payload: Any, cstates: list | None, batch: ClientBatch) -> dict[str, np.ndarray]:
+        """Each client's loss (mean per-sample loss) and, under ce with class labels, accuracy of θ on its own rows:
+        in chunks of CLIENT_EVAL_ROWS rows, each its own matrix of one fixed shape (stacked where the model is a
+        chain of linear layers, else one forward a chunk), and each client's sums taken in row order, so a
+        client's numbers do not depend on which clients share the batch."""
+        if not len(batch) or not batch.sizes.all():  # a client without rows has no metrics (NaN)
+            held = np.flatnonzero(batch.sizes > 0)
+            part = self.evaluate_clients(payload, None, ClientBatch(batch.ids[held], batch.starts[held], batch.sizes[held],
+                                                                    batch.x, batch.y)) if held.size else {}
+            names = part.keys() if held.size else ["loss"]
+            return {n: np.full(len(batch), np.nan) if n not in part else _spread(part[n], held, len(batch)) for n in names}
+        theta = torch.tensor(payload, dtype=self.dtype, device=self.device)  # a copy: Ray's arrays are read-only
+        sizes, C = batch.sizes, CLIENT_EVAL_ROWS
+        chunks = -(-sizes // C)
+        owner = np.repeat(np.arange(len(sizes)), chunks)
+        pos = (np.arange(owner.size) - np.repeat(np.cumsum(chunks) - chunks, chunks))[:, None] * C + np.arange(C)
+        valid = pos < sizes[owner][:, None]  # [chunks, C]: the chunk's rows that are the client's
+        idx = torch.from_numpy(batch.starts[owner][:, None] + np.where(valid, pos, 0)).to(self.device)
+        x, y = rows(batch.x, idx), rows(batch.y, idx)
+        params = self.spec.unflatten(theta)
+        with torch.no_grad():
+            if self._stacked is not None:
+                outs = [self._stacked.forward(self.spec.unflatten(theta.expand(len(part), -1).contiguous()), part)
+                        for part in x.split(CLIENT_EVAL_GROUP)]
+            else:
+                outs = [functional_call(self.module, params, (chunk,))[None] for chunk in x]
+            out = torch.cat(outs).flatten(0, 1)
+            labels = y.flatten(0, 1)
+            if self.params.loss == "ce" and not labels.is_floating_point():
+                losses, pred = class_metrics(out, labels)
+                right = host(pred == labels).reshape(valid.shape)[valid].astype(np.float64)
+            else:
+                losses, right = sample_losses(out, labels, self.params.loss), None
+        at = np.cumsum(sizes) - sizes  # each client's first row among the valid ones, in order
+        loss = np.add.reduceat(host(losses).reshape(valid.shape)[valid].astype(np.float64), at) / sizes
+        m = {"loss": loss}
+        if right is not None:
+            m["accuracy"] = np.add.reduceat(right, at) / sizes
+        return m
 
     def export(self, state: Any) -> nn.Module:
         """The configured model (on the CPU) holding the server's parameters θ."""

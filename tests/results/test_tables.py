@@ -64,6 +64,21 @@ def test_the_writer_batches_rounds_into_one_part_and_a_resume_cuts_a_part_at_the
                                                                                "round-000003.parquet"]
 
 
+def test_the_federated_evaluation_is_written_and_cut_at_a_resume_like_the_client_rows(tmp_path):
+    """client_eval.parquet parts hold the evaluated rounds' rows; a resume after round 2 drops round 3's."""
+    from raysim.results import RunResult, RunWriter
+
+    writer = RunWriter(tmp_path, flush_every_s=3600)
+    for r in (1, 2, 3):
+        evals = {"round": np.full(2, r), "client_id": np.array([4, 7]), "accuracy": np.array([0.5, r / 10])} if r != 2 else None
+        writer.add({"round": r}, {"round": np.full(1, r), "client_id": np.arange(1)}, evals)
+    writer.flush()
+    assert RunResult.load(tmp_path).client_eval[["round", "client_id"]].values.tolist() == [[1, 4], [1, 7], [3, 4], [3, 7]]
+    RunWriter(tmp_path, resume_round=2, flush_every_s=0)
+    result = RunResult.load(tmp_path)
+    assert result.client_eval["round"].tolist() == [1, 1] and result.clients["round"].tolist() == [1, 2]
+
+
 
 def test_runs_that_start_in_the_same_second_each_claim_their_own_directory(tmp_path, monkeypatch):
     """Making the directory claims the name: a run that makes `base` between another's look and its mkdir
