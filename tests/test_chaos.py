@@ -40,7 +40,10 @@ def check(clean, run_dir, schedule, seed):
     return log
 
 
-@pytest.mark.parametrize("name", list(FAST))
+SLOW = {"kill both actors 50 ms apart, then SIGTERM and resume", "SIGSTOP the driver 5 s and kill an actor meanwhile"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in FAST])
 def test_a_schedule_of_faults_ends_with_the_clean_runs_tables(clean, tmp_path, name):
     log = check(clean, tmp_path / "run", FAST[name], seed=len(name))
     assert not any("the run had ended" in line for line in log), "\n".join(log)  # each fault hit the running run

@@ -77,6 +77,7 @@ def test_driver_registrations_reach_the_actors_in_every_layout(ray_cluster, plug
         assert a[col].tolist() == b[col].tolist()
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_cli_run_and_a_two_trial_sweep_with_the_plugin(ray_cluster, plugin_dir, tmp_path):
     """`raysim run --plugin FILE` (in one process: backend local), and `raysim sweep` on the session's Ray of
     a config naming the plugin file (`plugins:`): each Tune trial runs the experiment in its own process."""

@@ -142,6 +142,7 @@ def test_the_server_in_the_driver_or_in_an_actor_gives_the_same_tables(ray_clust
     assert runs["driver"].rounds["dropped"].sum() > 0  # the deadline drops stragglers in both
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_the_driver_hosts_shard_0_checkpoints_it_and_resumes_it_to_the_same_numbers(ray_cluster, tmp_path):
     """By default the driver trains shard 0 itself (one client actor for two shards); the tables equal those
     of two client actors, and a run stopped after round 3 (round 4 already sent to the actor) checkpoints round 3,

@@ -1,5 +1,5 @@
 """The dataset file loaders on small files written in each on-disk format, with their official test
-splits (specs/fedfisher.md §5.1)."""
+splits (FedFisher, algorithms/fedfisher/README.md)."""
 import gzip
 import pickle
 

@@ -70,8 +70,7 @@ def test_federated_evaluation_is_bitwise_the_same_for_every_packing_and_backend(
     local = raysim.run(cfg, out=tmp_path / "local", progress=False)
     assert len(local.client_eval) == 14
     for name, cluster in {"two-actors": {"num_actors": 2, "driver_shard": False},
-                          "driver-shard": {"num_actors": 2, "driver_shard": True},
-                          "one-per-client": {"clients_per_actor": 1}}.items():
+                          "driver-shard": {"num_actors": 2, "driver_shard": True}}.items():
         other = raysim.run({**cfg, "backend": "ray", "cluster": cluster}, out=tmp_path / name, progress=False)
         pd.testing.assert_frame_equal(local.client_eval, other.client_eval)
         pd.testing.assert_frame_equal(reproducible(local.rounds), reproducible(other.rounds))

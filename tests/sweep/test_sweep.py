@@ -282,6 +282,7 @@ def test_optuna_sees_the_mean_over_seeds(ray_cluster, tmp_path, deadline):
     assert told.value == pytest.approx(config["test_accuracy_mean"], rel=1e-12) == trials["test_accuracy"].mean()
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_a_killed_sweep_resumes_without_rerunning_finished_trials(seeded_sweep, ray_cluster, tmp_path, deadline):
     """The seeded sweep's driver (a `raysim sweep` process on this Ray) is SIGKILLed once a trial has
     finished; `raysim sweep --resume` keeps that trial's run untouched and ends with the same tables."""

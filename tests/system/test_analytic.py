@@ -16,7 +16,7 @@ from raysim.system.analytic import (
     von_mises_a,
 )
 
-# specs/fedlrgd.md §2.5: b, k, exact b+E max, paper (19), Gumbel form, exact Q.
+# FedLRGD, algorithms/fedlrgd/README.md: b, k, exact b+E max, paper (19), Gumbel form, exact Q.
 TABLE = [
     (1, 100, 6.187, 6.605, 6.182, 4.605),
     (1, 10**4, 10.788, 11.210, 10.788, 9.210),
@@ -64,7 +64,7 @@ def test_von_mises_a():
     assert von_mises_a(1e6, 5) == pytest.approx(1 + 4e-6, rel=1e-10)
 
 
-# specs/fedlrgd.md §2.5: b, q, lower, exact, upper.
+# FedLRGD, algorithms/fedlrgd/README.md: b, q, lower, exact, upper.
 PROP2 = [
     (1, 100, 2.298, 4.605, 10.577),
     (5, 10**4, 5.410, 17.782, 41.446),
@@ -112,7 +112,7 @@ def test_explicit_queue_bound_and_exact_drain():
 
 
 def test_fedlrgd_expected_wall_clock_example():
-    # specs/fedlrgd.md §7.5: m=50, s=20, r=4, S=23, phi=100 -> 20,397.5 (E max_50 Gamma(80,1) = 101.53).
+    # FedLRGD, algorithms/fedlrgd/README.md: m=50, s=20, r=4, S=23, phi=100 -> 20,397.5 (E max_50 Gamma(80,1) = 101.53).
     m, s, r, big_s, phi = 50, 20, 4, 23, 100
     total = 2 * r**2 + expected_compute_phase(r * s, m) + phi * m * r + 2 * r * big_s
     assert expected_max_erlang(r * s, m) == pytest.approx(101.53, abs=5e-3)

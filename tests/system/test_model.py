@@ -42,7 +42,7 @@ def _fedlrgd_rounds(m: int, s: int, r: int, big_s: int) -> list[tuple[list[Cost]
 
 @pytest.mark.parametrize("phi, gamma", [(100.0, 20_188), (0.0, 188)])
 def test_gamma_fedlrgd_example(run_round, phi, gamma):
-    # specs/fedlrgd.md §7.5: Gamma = r^2 + rs + rS + phi*m*r; phi = 0 leaves the per-client call count.
+    # FedLRGD, algorithms/fedlrgd/README.md: Gamma = r^2 + rs + rS + phi*m*r; phi = 0 leaves the per-client call count.
     m, s, r, big_s = 50, 20, 4, 23
     model, ledger = _model(comm={"phi": phi}, num_clients=m), Ledger()
     for t, (costs, server) in enumerate(_fedlrgd_rounds(m, s, r, big_s)):

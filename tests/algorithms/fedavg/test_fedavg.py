@@ -130,7 +130,7 @@ def test_batch_larger_than_client_uses_all_samples():
     assert plan.idx.shape == (4, 3) and plan.w.sum() == 12
 
 
-# ----------------------------------------------------------------------------- FedPAQ (specs/fedlrgd.md §4.1, §8.8)
+# ----------------------------------------------------------------------------- FedPAQ (FedLRGD, algorithms/fedlrgd/README.md)
 
 
 def test_fedpaq_step_size_schedules():

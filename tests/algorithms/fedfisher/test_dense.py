@@ -1,4 +1,4 @@
-"""DENSE's pieces (specs/fedfisher.md §4.6) against closed forms and Monte Carlo, and the algorithm's selection."""
+"""DENSE's pieces (FedFisher, algorithms/fedfisher/README.md) against closed forms and Monte Carlo, and the algorithm's selection."""
 import numpy as np
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """FedFisher end to end: the paper's defaults, upload sizes and compressed bits, server Cost, the p_i-weighted merge
 and the M = 1 invariance through step/aggregate, and a few-shot (rounds = 2) run through the real runtime
-(specs/fedfisher.md §2.2-2.6, §7.1)."""
+(FedFisher, algorithms/fedfisher/README.md)."""
 import os
 from pathlib import Path
 

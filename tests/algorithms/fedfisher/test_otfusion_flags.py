@@ -1,4 +1,4 @@
-"""OTFusion as the paper's code runs it (specs/fedfisher.md §4.4): the correction flags, the aligned output layer,
+"""OTFusion as the paper's code runs it (FedFisher, algorithms/fedfisher/README.md): the correction flags, the aligned output layer,
 and validation selection over the flag grid, against closed forms."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""`raysim compare` (specs/fedlrgd.md §7.15): F* by Newton against ridge's closed form, the ε-reach table,
+"""`raysim compare` (FedLRGD, algorithms/fedlrgd/README.md): F* by Newton against ridge's closed form, the ε-reach table,
 FedLRGD on the smooth_ridge source through the runtime (exact estimate = exact GD on F of (3), Definition
 1's Γ, §7.13's epoch types and oracle calls), and the full FedLRGD-vs-FedAvg comparison down to the
 paper's ε = 1e-4 (slow)."""

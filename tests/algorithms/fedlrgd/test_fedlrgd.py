@@ -1,4 +1,4 @@
-"""FedLRGD (specs/fedlrgd.md §3.3) against independent references: exact-rank ridge regression,
+"""FedLRGD (algorithms/fedlrgd/README.md) against independent references: exact-rank ridge regression,
 the spec's soft-label logistic problem (§5.2 B), singular G, Definition 1's Gamma, the h_c variant, and
 the server's own samples (§1, §8.1: fresh draws of the clients' law, never copies of client samples).
 

@@ -1,4 +1,4 @@
-"""Appendix C's approximate-rank measurement (specs/fedlrgd.md §6): the rank of known matrices and of a
+"""Appendix C's approximate-rank measurement (FedLRGD, algorithms/fedlrgd/README.md): the rank of known matrices and of a
 model whose per-sample gradients have exact rank 2 in the data, the paper's parameter counts, the
 dataset readers, and the digits pipeline through raysim (train, measure, `raysim report` histogram)."""
 import gzip

@@ -1,4 +1,4 @@
-"""The FD estimator of eq. (3) (specs/fzoos.md §3.1, U7)."""
+"""The FD estimator of eq. (3) (FZooS, algorithms/fzoos/README.md, U7)."""
 import math
 
 import numpy as np

@@ -1,5 +1,5 @@
 """FZooS: exact query and message accounting, the correction schedule, active queries ranked by the
-trace, persistent client state, and end-to-end runs through the real runtime (specs/fzoos.md §7.1)."""
+trace, persistent client state, and end-to-end runs through the real runtime (FZooS, algorithms/fzoos/README.md)."""
 import hashlib
 
 import numpy as np

@@ -1,5 +1,5 @@
 """The GP gradient surrogate against gpytorch autograd, finite differences and the properties of
-specs/fzoos.md §7.1 (U3-U5, U8)."""
+FZooS, algorithms/fzoos/README.md (U3-U5, U8)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Data-based objectives (specs/fzoos.md §5.2, §5.3) on bundled digits and the Gaussian-mixture source."""
+"""Data-based objectives (FZooS, algorithms/fzoos/README.md) on bundled digits and the Gaussian-mixture source."""
 import numpy as np
 import pytest
 import torch

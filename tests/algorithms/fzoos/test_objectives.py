@@ -1,4 +1,4 @@
-"""Synthetic federated objectives against the closed forms of specs/fzoos.md §5.1 (eq. (98)-(99))."""
+"""Synthetic federated objectives against the closed forms of FZooS, algorithms/fzoos/README.md (eq. (98)-(99))."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Slow reproductions on the d = 300 quadratic of specs/fzoos.md §7.2 (R1-R4, R6), driven in process.
+"""Slow reproductions on the d = 300 quadratic of FZooS, algorithms/fzoos/README.md (R1-R4, R6), driven in process.
 
 Reference (spec, one seed): C = 5, gap <= 0.1 after 14 rounds / 7,540 queries (FZooS) against
 23 / 24,265 (FedZO with orthonormal FD); at C = 50 the paper-faithful FZooS (gamma = 1/t) diverges,

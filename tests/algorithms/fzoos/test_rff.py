@@ -1,4 +1,4 @@
-"""Random-Fourier-feature compression against the exact kernel and GP (specs/fzoos.md §7.1 U1, U2, U10)."""
+"""Random-Fourier-feature compression against the exact kernel and GP (FZooS, algorithms/fzoos/README.md)."""
 import hashlib
 
 import numpy as np

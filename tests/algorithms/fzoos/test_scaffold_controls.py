@@ -1,5 +1,5 @@
 """ZO-SCAFFOLD's control variates and corrections against eqs. (91) (Type I) and (93) (Type II) of
-specs/fzoos.md §3.2, with every FD estimate recomputed in the test by eq. (3) from the points the
+FZooS, algorithms/fzoos/README.md, with every FD estimate recomputed in the test by eq. (3) from the points the
 clients queried: Delta(x) = (1/Q) sum_q (y(x + lambda u_q) - y(x)) / lambda u_q (Gaussian u_q)."""
 from collections import defaultdict
 

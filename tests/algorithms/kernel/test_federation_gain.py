@@ -1,4 +1,4 @@
-"""Federation gain (specs/kernel-fedavg-fedprox.md §4, §6.15): empirical gain in the Fig. 4 setup
+"""Federation gain (the kernel FedAvg/FedProx paper, algorithms/kernel/README.md): empirical gain in the Fig. 4 setup
 (converged closed-form FL models) and the Theorem 5-6 bounds as functions."""
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """raysim.algorithms.kernel.figures: the minibatch runs of Figs 2-3 (spec §5.1, §6.14), the sweeps of Figs 4-6
-(converged models over the regression generators, specs/kernel-fedavg-fedprox.md §5.2-5.5, §6.15-6.17) and
+(converged models over the regression generators, the kernel FedAvg/FedProx paper, algorithms/kernel/README.md) and
 the figure plots."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Kernel FedAvg/FedProx (specs/kernel-fedavg-fedprox.md §2, §6 A) against independent references:
+"""Kernel FedAvg/FedProx (the kernel FedAvg/FedProx paper, algorithms/kernel/README.md) against independent references:
 the centralized LTI recursion (11), the spec Appendix's numpy oracle (copied here verbatim),
 plain GD, and first-order optimality. No Ray: plan/step/aggregate are driven like the runtime."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Regression generators (algorithms/kernel/sources.py; specs/kernel-fedavg-fedprox.md §5) and their
+"""Regression generators (algorithms/kernel/sources.py; the kernel FedAvg/FedProx paper, algorithms/kernel/README.md) and their
 registered sources through the real data layer (natural partition, holdout, Parquet, float64)."""
 import numpy as np
 import pytest

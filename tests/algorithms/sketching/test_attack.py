@@ -1,4 +1,4 @@
-"""The gradient-leakage attack (specs/sketching.md §4, §7 D) against closed forms and the §4.6 reference rates."""
+"""The gradient-leakage attack (the sketching paper, algorithms/sketching/README.md) against closed forms and the §4.6 reference rates."""
 import dataclasses
 import inspect
 

@@ -1,4 +1,4 @@
-"""DP calibration and accountants against the closed forms and reference values of specs/sketching.md §5.5, §7 C,
+"""DP calibration and accountants against the closed forms and reference values of the sketching paper, algorithms/sketching/README.md,
 and the RDP and exact accountants against dp-accounting (Google's DP accounting library) as the oracle.
 
 The algorithm's own DP noise (calibration, per-batch sensitivity, noise floor) is tested in test_sketching.py."""

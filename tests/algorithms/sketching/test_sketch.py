@@ -1,4 +1,4 @@
-"""Sketch operators against the spec's definitions, exact second moments and closed forms (specs/sketching.md §2.5, §7 A-B).
+"""Sketch operators against the spec's definitions, exact second moments and closed forms (the sketching paper, algorithms/sketching/README.md).
 
 The quadratic experiments (§7 B9, B10, B14) drive the sketches in an independent plain loop of
 Algorithm 1 (the spec's reference oracle), float64; the algorithm class is tested in

@@ -1,5 +1,5 @@
 """IterativeSketchingFL (Algorithms 1/2) against FedAvg, sketched GD computed independently, the DP
-calibration, and an end-to-end run on Ray (specs/sketching.md §7 B-C, E)."""
+calibration, and an end-to-end run on Ray (the sketching paper, algorithms/sketching/README.md)."""
 import math
 import pickle
 

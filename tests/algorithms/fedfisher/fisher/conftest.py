@@ -1,4 +1,4 @@
-"""Brute-force Fisher references built from per-sample, per-class autograd gradients (specs/fedfisher.md §7.1)."""
+"""Brute-force Fisher references built from per-sample, per-class autograd gradients (FedFisher, algorithms/fedfisher/README.md)."""
 import numpy as np
 import pytest
 import torch

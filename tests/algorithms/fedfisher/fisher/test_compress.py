@@ -1,4 +1,4 @@
-"""App. C compression (specs/fedfisher.md §2.5, §7.1 item 8): the quantizer's grid, Eckart-Young for the
+"""App. C compression (FedFisher, algorithms/fedfisher/README.md): the quantizer's grid, Eckart-Young for the
 truncated SVD, and the uplink bits of LeNet against the spec's per-layer shapes (about 1.03 x 32d for K-FAC)."""
 import numpy as np
 import pytest

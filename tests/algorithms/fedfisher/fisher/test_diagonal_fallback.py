@@ -1,4 +1,4 @@
-"""The diagonal fallback of specs/fedfisher.md §8.8: parameters outside Linear/Conv layers (BatchNorm, LayerNorm, a
+"""The diagonal fallback of FedFisher, algorithms/fedfisher/README.md: parameters outside Linear/Conv layers (BatchNorm, LayerNorm, a
 free parameter) get the diagonal Fisher, in eval mode, equal to a per-sample autograd loop for every fisher_type."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""fisher_type (specs/fedfisher.md §8.7): the empirical Fisher against per-sample autograd, the Monte Carlo true
+"""fisher_type (FedFisher, algorithms/fedfisher/README.md): the empirical Fisher against per-sample autograd, the Monte Carlo true
 Fisher converging to the exact one."""
 import numpy as np
 import pytest

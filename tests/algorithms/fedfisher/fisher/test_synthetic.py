@@ -1,4 +1,4 @@
-"""FedFisher's synthetic two-layer experiment (specs/fedfisher.md §2.8, §3.5, §7.1 items 5, 7, 9 and §7.2)."""
+"""FedFisher's synthetic two-layer experiment (FedFisher, algorithms/fedfisher/README.md)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""FisherMerge and RegMean against closed forms and invariances (specs/fedfisher.md §4)."""
+"""FisherMerge and RegMean against closed forms and invariances (FedFisher, algorithms/fedfisher/README.md)."""
 import numpy as np
 import torch
 from torch import nn

@@ -1,5 +1,5 @@
 """The FedFisher server problem: Lemma 1, the Diag/FisherMerge identity (§2.9), invariances, the
-code's optimizer and the validation selection (specs/fedfisher.md §2.6, §7.1 items 4-7)."""
+code's optimizer and the validation selection (FedFisher, algorithms/fedfisher/README.md)."""
 import numpy as np
 import pytest
 import torch

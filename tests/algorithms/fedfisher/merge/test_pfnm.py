@@ -1,4 +1,4 @@
-"""PFNM against brute force, permutation invariance and hand-computable merges (specs/fedfisher.md §4.5)."""
+"""PFNM against brute force, permutation invariance and hand-computable merges (FedFisher, algorithms/fedfisher/README.md)."""
 import copy
 import itertools
 import math
