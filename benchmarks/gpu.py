@@ -60,7 +60,7 @@ def steady(tree: dict, profile: bool = False) -> tuple[float, dict, str]:
     with tempfile.TemporaryDirectory() as out:
         if prof:
             prof.enable()
-        result = raysim.run(tree, out=Path(out) / "run")
+        result = raysim.run(tree, out=Path(out) / "run", progress=False)
         if prof:
             prof.disable()
     text = ""

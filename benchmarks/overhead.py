@@ -59,7 +59,7 @@ def config(per_round: int, rounds: int, backend: str) -> dict:
 def steady_round(per_round: int, rounds: int, backend: str) -> float:
     """The mean wall seconds of rounds 2.. of one run."""
     with tempfile.TemporaryDirectory() as out:
-        result = raysim.run(config(per_round, rounds, backend), out=Path(out) / "run")
+        result = raysim.run(config(per_round, rounds, backend), out=Path(out) / "run", progress=False)
     return float(result.rounds["round_wall_s"].iloc[1:].mean())
 
 

@@ -45,7 +45,7 @@ speed, overhead = load_benchmark("speed"), load_benchmark("overhead")
 def raysim_round(per_round: int, rounds: int, backend: str, out: Path) -> tuple[float, float, float]:
     """raysim's steady round (mean wall seconds between round ends, rounds 2..), final test accuracy and loss."""
     clock = speed.RoundClock()
-    result = raysim.run(overhead.config(per_round, rounds, backend), out=out, on_round=clock.mark)
+    result = raysim.run(overhead.config(per_round, rounds, backend), out=out, on_round=clock.mark, progress=False)
     last = result.rounds.iloc[-1]
     return float(np.mean(np.diff(clock.wall))), float(last["test_accuracy"]), float(last["test_loss"])
 

@@ -55,7 +55,7 @@ def measure(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PE
     try:
         with PeakMemory(lambda: session_processes(session)) as mem, tempfile.TemporaryDirectory() as out:
             t0 = time.perf_counter()
-            result = raysim.run(config(clients, rounds, per_round, samples, features), out=out)
+            result = raysim.run(config(clients, rounds, per_round, samples, features), out=out, progress=False)
             total = time.perf_counter() - t0
     finally:
         ray.shutdown()

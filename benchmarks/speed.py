@@ -356,7 +356,7 @@ def run_raysim(cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, 
 
     clock = RoundClock()
     t0 = time.perf_counter()
-    result = raysim.run(cfg, out=workdir / "raysim", on_round=clock.mark)
+    result = raysim.run(cfg, out=workdir / "raysim", on_round=clock.mark, progress=False)
     last = result.rounds.iloc[-1]
     metrics = {k: float(last[k]) for k in ("test_accuracy", "test_loss", "train_loss")}
     return metrics, clock, result.info, clock.wall[0] - (t0 + result.info["startup_s"])
