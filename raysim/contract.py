@@ -118,6 +118,8 @@ class Context:
     train_path: str | Path | None = None  # the pooled training Parquet, for server-side data (e.g. FedLRGD's r samples)
     target_shape: tuple[int, ...] = ()  # per-sample target shape of a regression source (num_classes 0)
     partition_seed: int | None = None  # data.partition_seed: fixes the data across experiment seeds
+    privacy: Any = None  # the `privacy:` section (PrivacyConfig) when the run is differentially private
+    kept_per_round: int = 0  # the clients kept a round (algorithm.clients_per_round): DP-FedAvg's denominator
 
     @property
     def data_seed(self) -> int:
@@ -254,6 +256,10 @@ class Algorithm:
 
     def evaluate(self, state: Any, data: EvalData) -> dict[str, float]:
         """Metrics of the current ServerState."""
+        return {}
+
+    def round_metrics(self, state: Any, round: int) -> dict[str, float]:
+        """Metrics of every round that need no evaluation (the privacy spent so far, say); none by default."""
         return {}
 
     def eval_payload(self, state: Any) -> Any:

@@ -68,10 +68,9 @@ class _FedOpt(FedAvg):
         return self.server_opt.init(super().init().params)
 
     def aggregate(self, state: FedOptState, replies: list, rng) -> tuple[FedOptState, Cost]:
-        if not replies:
+        if not replies and self.ctx.privacy is None:
             return state, Cost()
-        total = self.reduce(replies)
-        return self.server_opt.step(state, total.total / total.weight), Cost()
+        return self.server_opt.step(state, self.mean_update(replies, state.params, rng)), Cost()
 
 
 @register_algorithm("fedavgm")

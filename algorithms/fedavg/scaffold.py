@@ -49,6 +49,8 @@ class ScaffoldReply:
 class Scaffold(LocalSGD):
     """SCAFFOLD (option II)."""
 
+    supports_privacy = False  # its control variates would leak unnoised
+
     def __init__(self, ctx):
         super().__init__(ctx)
         if self.params.quantizer != "none" or self.params.local_optimizer.kind != "sgd" or self.params.local_optimizer.momentum:

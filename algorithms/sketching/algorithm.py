@@ -104,6 +104,8 @@ class Replica:
 class IterativeSketchingFL(LocalSGD):
     """Algorithm 1/2 on a torch classifier; the model, loss and evaluation are FedAvg's."""
 
+    supports_privacy = False  # it has its own DP (`dp:`)
+
     Params = SketchingParams
     reducible = True
 

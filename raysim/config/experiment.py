@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raysim.callbacks.config import CallbackConfig
 from raysim.config.sweep import SweepConfig
@@ -89,6 +89,26 @@ class ClientSample(BaseModel):
     sample: int = Field(ge=1)
 
 
+class PrivacyConfig(BaseModel):
+    """The `privacy:` section: DP-FedAvg (McMahan et al., 2018), user-level central differential privacy. Each
+    client's update is clipped to L2 norm `clip`; the server adds Gaussian noise of std noise_multiplier x clip to
+    their sum and divides by the clients selected a round. The privacy spent is accounted by Rényi DP for the
+    sampling used (a fixed number of clients drawn without replacement, replace-one neighbours)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clip: float = Field(gt=0, description="C, the L2 norm each client's update is clipped to")
+    noise_multiplier: float | None = Field(None, ge=0, description="z: the noise's std is z x C; or give target_epsilon")
+    target_epsilon: float | None = Field(None, gt=0, description="the z that spends at most this ε over the run's rounds")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) reported and targeted")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> PrivacyConfig:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier and target_epsilon")
+        return self
+
+
 class EvalConfig(BaseModel):
     """The `eval:` section."""
 
@@ -116,6 +136,8 @@ class ExperimentConfig(BaseModel):
     system: SystemConfig = Field(default_factory=SystemConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    privacy: PrivacyConfig | None = Field(None, description="DP-FedAvg: clipped client updates, Gaussian noise at the"
+                                          " server, ε accounted per round")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
     callbacks: list[CallbackConfig] = Field(default_factory=list, description="tensorboard, csv, wandb, mlflow, early_stopping, best_model")
@@ -173,6 +195,8 @@ def _check(cfg: ExperimentConfig) -> list[str]:
     if cfg.eval.clients != "none" and not problems and not ALGORITHMS.lookup(cfg.algorithm.name).evaluates_clients():
         problems.append(f"eval.clients: algorithm {cfg.algorithm.name!r} cannot evaluate on clients (it defines no"
                         " evaluate_clients); use eval.clients: none")
+    if cfg.privacy is not None and not problems:
+        problems += _privacy_problems(cfg)
     if isinstance(cfg.eval.clients, ClientSample) and cfg.eval.clients.sample > cfg.data.num_clients:
         problems.append(f"eval.clients.sample: {cfg.eval.clients.sample} exceeds data.num_clients={cfg.data.num_clients}")
     if cfg.faults and cfg.system.clock.mode != "virtual":
@@ -193,6 +217,25 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
                         f" cannot host data.num_clients={cfg.data.num_clients}")
     return problems
+
+
+def _privacy_problems(cfg: ExperimentConfig) -> list[str]:
+    """What keeps `privacy:` from holding for this run: an algorithm that does not clip and noise its updates, and a
+    target ε no noise reaches."""
+    algo = ALGORITHMS.lookup(cfg.algorithm.name)
+    if not getattr(algo, "supports_privacy", False):
+        return [f"privacy: algorithm {cfg.algorithm.name!r} has no DP-FedAvg form (fedavg, fedprox and the FedOpt"
+                " server optimizers have); remove the privacy section"]
+    p = cfg.privacy
+    assert p is not None
+    if p.target_epsilon is not None:
+        from raysim.core.privacy import calibrated_noise  # dp-accounting: only when a run targets an ε
+
+        try:
+            calibrated_noise(cfg.data.num_clients, cfg.clients_to_select(), cfg.algorithm.rounds, p.target_epsilon, p.delta)
+        except ValueError as e:
+            return [f"privacy.target_epsilon: {e}"]
+    return []
 
 
 def _set_path(tree: dict, dotted: str, value: Any) -> None:

@@ -172,7 +172,8 @@ class RoundEngine:
         as columns, and the federated evaluation's rows (`evals`, the shards' columns, with the round and the split
         added; their distribution summarized in the row)."""
         round, timing = rp.round, out.timing
-        metrics = self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {}
+        metrics = self.algo.round_metrics(self.state, round)
+        metrics.update(self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {})
         eval_rows = None
         if evals is not None:
             metrics.update(client_metric_summary(evals))

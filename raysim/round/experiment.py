@@ -51,6 +51,8 @@ class Experiment:
             train_path=data.train_path,
             target_shape=tuple(data.target_shape),
             partition_seed=cfg.data.partition_seed,
+            privacy=cfg.privacy,
+            kept_per_round=cfg.algorithm.clients_per_round,
         )
 
     def algorithm_for(self, data: FederatedData, device: str = "cpu") -> Algorithm:

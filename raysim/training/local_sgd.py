@@ -12,6 +12,7 @@ chains of linear layers, `torch.func.vmap` for other models); `step` is the per-
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, cast
@@ -26,6 +27,7 @@ from torch.func import functional_call, grad, vmap
 from raysim.contract import Algorithm, ClientBatch, ClientData, Cost, Costs, EvalData, Plan, Steps
 from raysim.core.device import host
 from raysim.core.keys import Keys
+from raysim.core.privacy import calibrated_noise, epsilon_after
 from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
 from raysim.training.sampling import sample_clients
@@ -287,6 +289,12 @@ def batch_plan(n: int, batch_size: int | None, local_steps: int | None, local_ep
     return BatchPlan(bp.idx[0], bp.w[0])
 
 
+def clip_rows(deltas: torch.Tensor, clip: float) -> torch.Tensor:
+    """Each row scaled to L2 norm at most `clip`, in place: Δ_i · min(1, C/‖Δ_i‖)."""
+    norms = torch.linalg.vector_norm(deltas, dim=1)
+    return deltas.mul_((clip / norms.clamp_min(torch.finfo(deltas.dtype).tiny)).clamp_max(1.0)[:, None])
+
+
 def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x[idx] for an index of any shape, as one `index_select` of the flattened index: advanced indexing by a
     2-d index is four times slower."""
@@ -301,7 +309,16 @@ class LocalSGD(Algorithm):
 
     Params: ClassVar[type[BaseModel] | None] = LocalSGDParams
     reducible = True
+    supports_privacy: ClassVar[bool] = True  # DP-FedAvg: `privacy:` clips the uploads and noises their sum
     mu = 0.0
+
+    @classmethod
+    def config_problems(cls, params: Any, cfg: Any) -> list[str]:
+        """Under `privacy:`, QSGD's unbiased rounding can lengthen a clipped update past C: refused."""
+        if cfg.privacy is not None and params.quantizer != "none":
+            return [f"algorithm.quantizer: {params.quantizer!r} can lengthen a clipped update past privacy.clip;"
+                    " DP-FedAvg needs quantizer 'none'"]
+        return []
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -360,8 +377,10 @@ class LocalSGD(Algorithm):
         """The weighted uploads Q(Δ) of the clients' Δ = θ_c − θ_g [k, d] (QSGD's uniforms keyed "qsgd") and costs.
         Unquantized, the uploads stay where Δ was computed (a GPU shard reduces them there), weighted in place."""
         p = self.params
-        weights = sizes.astype(np.float64) if p.weighting == "samples" else np.ones(len(sizes))
+        weights = sizes.astype(np.float64) if p.weighting == "samples" and self.ctx.privacy is None else np.ones(len(sizes))
         k, d = deltas.shape
+        if self.ctx.privacy is not None:  # DP-FedAvg: each update clipped to L2 norm C, every client weighing 1
+            clip_rows(deltas, self.ctx.privacy.clip)
         full = d * deltas.element_size()
         nbytes = full
         total: np.ndarray | torch.Tensor
@@ -444,10 +463,36 @@ class LocalSGD(Algorithm):
         return WeightedDelta(np.sum([r.total for r in replies], axis=0), sum(r.weight for r in replies))
 
     def aggregate(self, state: Any, replies: list[Any], rng: np.random.Generator) -> tuple[Any, Cost]:
-        if not replies:
+        if not replies and self.ctx.privacy is None:
             return state, Cost()
-        total = self.reduce(replies)
-        return ServerState(state.params + self.params.server_lr * total.total / total.weight), Cost()
+        return ServerState(state.params + self.params.server_lr * self.mean_update(replies, state.params, rng)), Cost()
+
+    def mean_update(self, replies: list[Any], params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The round's pseudo-gradient: the replies' weighted mean Δ; under `privacy:`, DP-FedAvg's noised mean
+        (Σ clip(Δ_i) + N(0, (zC)² I)) / k over the k clients kept a round (McMahan et al., 2018, Alg. 1 with the
+        fixed denominator), the noise drawn from the round's aggregation stream."""
+        if self.ctx.privacy is None:
+            total = self.reduce(replies)
+            return total.total / total.weight
+        total = self.reduce(replies).total if replies else np.zeros_like(params)
+        noise = self.noise_multiplier * self.ctx.privacy.clip * rng.standard_normal(params.shape)
+        return ((total.astype(np.float64) + noise) / self.ctx.kept_per_round).astype(params.dtype)
+
+    @functools.cached_property
+    def noise_multiplier(self) -> float:
+        """z: the configured one, or the least that spends privacy.target_epsilon over the run."""
+        p = self.ctx.privacy
+        if p.noise_multiplier is not None:
+            return float(p.noise_multiplier)
+        return calibrated_noise(self.ctx.num_clients, self.ctx.clients_per_round, self.ctx.rounds, p.target_epsilon, p.delta)
+
+    def round_metrics(self, state: Any, round: int) -> dict[str, float]:
+        """Under `privacy:`, the ε spent after this round (at privacy.delta), the noise multiplier and the clip."""
+        p = self.ctx.privacy
+        if p is None:
+            return {}
+        eps = epsilon_after(self.ctx.num_clients, self.ctx.clients_per_round, self.noise_multiplier, round, p.delta)
+        return {"epsilon": eps, "noise_multiplier": self.noise_multiplier, "clip": float(p.clip)}
 
     def eval_payload(self, state: Any) -> np.ndarray:
         """The global parameter vector θ."""
