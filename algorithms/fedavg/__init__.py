@@ -6,6 +6,8 @@ trains a torch model; this plugin registers it under the names researchers use.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import Field
 
 from raysim.algorithms.fedavg.scaffold import Scaffold
@@ -65,12 +67,14 @@ class _FedOpt(FedAvg):
                            ServerOpt(self.kind, p.server_lr, beta1=p.server_beta1, beta2=p.server_beta2, tau=p.server_tau))
 
     def init(self) -> FedOptState:
-        return self.server_opt.init(super().init().params)
+        base = super().init()
+        return replace(self.server_opt.init(base.params), clip=base.clip)
 
     def aggregate(self, state: FedOptState, replies: list, rng) -> tuple[FedOptState, Cost]:
         if not replies and self.ctx.privacy is None:
             return state, Cost()
-        return self.server_opt.step(state, self.mean_update(replies, state.params, rng)), Cost()
+        update, clip = self.mean_update(replies, state, rng)
+        return replace(self.server_opt.step(state, update), clip=clip), Cost()
 
 
 @register_algorithm("fedavgm")

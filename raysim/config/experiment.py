@@ -89,6 +89,17 @@ class ClientSample(BaseModel):
     sample: int = Field(ge=1)
 
 
+class AdaptiveClip(BaseModel):
+    """`privacy.adaptive_clip`: the clip norm tracks a quantile of the updates' norms (Andrew et al., 2021)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    quantile: float = Field(0.5, gt=0, lt=1, description="γ, the fraction of updates the clip norm should hold")
+    lr: float = Field(0.2, gt=0, description="η_C of the geometric update C ← C·exp(−η_C (b̃ − γ))")
+    count_noise: float | None = Field(None, gt=0, description="σ_b, the noise on the count within the norm;"
+                                      " default clients_per_round / 20")
+
+
 class PrivacyConfig(BaseModel):
     """The `privacy:` section: DP-FedAvg (McMahan et al., 2018), user-level central differential privacy. Each
     client's update is clipped to L2 norm `clip`; the server adds Gaussian noise of std noise_multiplier x clip to
@@ -97,7 +108,8 @@ class PrivacyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    clip: float = Field(gt=0, description="C, the L2 norm each client's update is clipped to")
+    clip: float = Field(gt=0, description="C, the L2 norm each client's update is clipped to (the first round's, adaptively)")
+    adaptive_clip: AdaptiveClip | None = Field(None, description="move C towards a quantile of the update norms")
     noise_multiplier: float | None = Field(None, ge=0, description="z: the noise's std is z x C; or give target_epsilon")
     target_epsilon: float | None = Field(None, gt=0, description="the z that spends at most this ε over the run's rounds")
     delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) reported and targeted")
@@ -228,13 +240,19 @@ def _privacy_problems(cfg: ExperimentConfig) -> list[str]:
                 " server optimizers have); remove the privacy section"]
     p = cfg.privacy
     assert p is not None
+    z = p.noise_multiplier
     if p.target_epsilon is not None:
         from raysim.core.privacy import calibrated_noise  # dp-accounting: only when a run targets an ε
 
         try:
-            calibrated_noise(cfg.data.num_clients, cfg.clients_to_select(), cfg.algorithm.rounds, p.target_epsilon, p.delta)
+            z = calibrated_noise(cfg.data.num_clients, cfg.clients_to_select(), cfg.algorithm.rounds, p.target_epsilon, p.delta)
         except ValueError as e:
             return [f"privacy.target_epsilon: {e}"]
+    if p.adaptive_clip is not None and z:
+        sigma_b = p.adaptive_clip.count_noise or cfg.algorithm.clients_per_round / 20
+        if 2 * sigma_b <= z:
+            return [f"privacy.adaptive_clip.count_noise: {sigma_b:g} must exceed the noise multiplier's half,"
+                    f" {z / 2:g} (Andrew et al., 2021, Thm. 1)"]
     return []
 
 

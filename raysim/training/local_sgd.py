@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
@@ -173,17 +173,19 @@ class LocalSGDParams(BaseModel):
 
 @dataclass
 class ServerState:
-    """The global model as one flat parameter vector."""
+    """The global model as one flat parameter vector (and, under `privacy:`, the clip norm of the next round)."""
 
     params: np.ndarray
+    clip: float | None = field(default=None, kw_only=True)
 
 
 @dataclass
 class Broadcast:
-    """What the server sends a round: θ_k and the round's step size η_k."""
+    """What the server sends a round: θ_k and the round's step size η_k (and, under `privacy:`, the clip norm)."""
 
     params: np.ndarray
     lr: float
+    clip: float | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -193,6 +195,14 @@ class WeightedDelta:
 
     total: Any
     weight: Any
+
+
+@dataclass
+class ClippedDelta(WeightedDelta):
+    """A DP-FedAvg upload: the clipped update (weight 1) and whether it was within the clip norm before clipping
+    (1.0 or 0.0; summed, the count adaptive clipping noises)."""
+
+    below: Any = 0.0
 
 
 @dataclass
@@ -289,10 +299,32 @@ def batch_plan(n: int, batch_size: int | None, local_steps: int | None, local_ep
     return BatchPlan(bp.idx[0], bp.w[0])
 
 
+def _one(v: Any) -> Any:
+    """A one-client stacked field as that client's value: its row, or its number."""
+    v = host(v)
+    return v[0] if np.ndim(v) > 1 else float(v[0])
+
+
+def noise_split(z: float, adaptive: Any, k: int) -> tuple[float, float]:
+    """(z_Δ, σ_b): the updates' noise multiplier and the count's noise std. Without adaptive clipping (z, 0); with
+    it σ_b (default k/20) and z_Δ = (z⁻² − (2σ_b)⁻²)^(-1/2), so that the pair spends what z alone would (Andrew et
+    al., 2021, Thm. 1)."""
+    if adaptive is None:
+        return z, 0.0
+    sigma_b = adaptive.count_noise if adaptive.count_noise is not None else k / 20
+    if z == 0:
+        return 0.0, sigma_b
+    if 2 * sigma_b <= z:
+        raise ValueError(f"privacy.adaptive_clip.count_noise: {sigma_b:g} must exceed noise_multiplier/2 = {z / 2:g}")
+    return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5, sigma_b
+
+
 def clip_rows(deltas: torch.Tensor, clip: float) -> torch.Tensor:
-    """Each row scaled to L2 norm at most `clip`, in place: Δ_i · min(1, C/‖Δ_i‖)."""
+    """Each row scaled to L2 norm at most `clip`, in place: Δ_i · min(1, C/‖Δ_i‖). Returns which rows were within
+    the norm already (bool [k])."""
     norms = torch.linalg.vector_norm(deltas, dim=1)
-    return deltas.mul_((clip / norms.clamp_min(torch.finfo(deltas.dtype).tiny)).clamp_max(1.0)[:, None])
+    deltas.mul_((clip / norms.clamp_min(torch.finfo(deltas.dtype).tiny)).clamp_max(1.0)[:, None])
+    return norms <= clip
 
 
 def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -352,11 +384,12 @@ class LocalSGD(Algorithm):
     def init(self) -> Any:
         theta = initial_vector(self.ctx.model, self.ctx.feature_shape, self.ctx.image_shape,
                                self.ctx.num_classes, self.ctx.seed)
-        return ServerState(np.zeros_like(theta) if self.params.theta0 == "zeros" else theta)
+        return ServerState(np.zeros_like(theta) if self.params.theta0 == "zeros" else theta,
+                           clip=None if self.ctx.privacy is None else float(self.ctx.privacy.clip))
 
     def plan(self, state: Any, round: int, rng: np.random.Generator) -> Plan:
         clients = sample_clients(self.ctx.num_clients, self.ctx.clients_per_round, rng)
-        return Plan(clients, Broadcast(state.params, self.params.step_size(max(round - 1, 0))))
+        return Plan(clients, Broadcast(state.params, self.params.step_size(max(round - 1, 0)), clip=state.clip))
 
     def _unpack(self, broadcast: Broadcast | np.ndarray) -> tuple[torch.Tensor, float]:
         """(θ_g, η) of a broadcast; a bare parameter vector stands for the constant lr."""
@@ -373,14 +406,16 @@ class LocalSGD(Algorithm):
         p = self.params
         return batch_plans(sizes, p.batch_size, p.local_steps, p.local_epochs, keys, width, self.device)
 
-    def _uploads(self, deltas: torch.Tensor, sizes: np.ndarray, plans: BatchPlan, keys: Keys) -> tuple[WeightedDelta, Costs]:
+    def _uploads(self, deltas: torch.Tensor, sizes: np.ndarray, plans: BatchPlan, keys: Keys,
+                 clip: float | None = None) -> tuple[WeightedDelta, Costs]:
         """The weighted uploads Q(Δ) of the clients' Δ = θ_c − θ_g [k, d] (QSGD's uniforms keyed "qsgd") and costs.
         Unquantized, the uploads stay where Δ was computed (a GPU shard reduces them there), weighted in place."""
         p = self.params
         weights = sizes.astype(np.float64) if p.weighting == "samples" and self.ctx.privacy is None else np.ones(len(sizes))
         k, d = deltas.shape
-        if self.ctx.privacy is not None:  # DP-FedAvg: each update clipped to L2 norm C, every client weighing 1
-            clip_rows(deltas, self.ctx.privacy.clip)
+        below = None
+        if self.ctx.privacy is not None:  # DP-FedAvg: each update clipped to L2 norm C (the broadcast's), weighing 1
+            below = host(clip_rows(deltas, clip if clip is not None else self.ctx.privacy.clip)).astype(np.float64)
         full = d * deltas.element_size()
         nbytes = full
         total: np.ndarray | torch.Tensor
@@ -393,7 +428,7 @@ class LocalSGD(Algorithm):
         calls, batches = host(torch.stack([plans.w.sum((1, 2)), plans.w.any(2).sum(1).to(plans.w.dtype)])).astype(np.int64)
         costs = Costs(calls, batches,
                       np.full(k, nbytes / full), np.full(k, nbytes, dtype=np.int64))
-        return WeightedDelta(total, weights), costs
+        return (WeightedDelta(total, weights) if below is None else ClippedDelta(total, weights, below)), costs
 
     def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
         """The per-client reference: local SGD on one client, one step at a time (the plan `step_batch` gives it)."""
@@ -409,8 +444,8 @@ class LocalSGD(Algorithm):
             g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
             g = (g + self.mu * (theta[0] - theta_g))[None]
             opt.step(theta, g if correction is None else g + correction, lr, one)
-        reply, costs = self._uploads(theta - theta_g, sizes, bp, keys)
-        return WeightedDelta(host(reply.total)[0], float(reply.weight[0])), None, costs.cost(0)
+        reply, costs = self._uploads(theta - theta_g, sizes, bp, keys, getattr(broadcast, "clip", None))
+        return type(reply)(**{f.name: _one(getattr(reply, f.name)) for f in fields(reply)}), None, costs.cost(0)
 
     def correction(self, cstates: list, broadcast) -> torch.Tensor | None:
         """A fixed term [k, d] added to every local gradient of the round's clients (SCAFFOLD's c − c_i); None here."""
@@ -446,7 +481,8 @@ class LocalSGD(Algorithm):
             return Steps(WeightedDelta(np.zeros((0, self.spec.size)), np.zeros(0)), None, Costs.of([]))
         sizes = batch.sizes
         plans = self._plans(sizes, keys, self.batch_width)
-        replies, costs = self._uploads(self._train(cstates, batch, plans, broadcast), sizes, plans, keys)
+        replies, costs = self._uploads(self._train(cstates, batch, plans, broadcast), sizes, plans, keys,
+                                       getattr(broadcast, "clip", None))
         return Steps(replies, None, costs)
 
     def step_many(self, cstates: list[Any], datas: list[ClientData], broadcast: Any,
@@ -455,28 +491,43 @@ class LocalSGD(Algorithm):
         if not datas:
             return []
         out = self.step_batch(cstates, ClientBatch.of(datas), broadcast, Keys.of(rngs))
-        total = host(out.replies.total)
-        return [(WeightedDelta(total[i], float(out.replies.weight[i])), None, out.costs.cost(i))
-                for i in range(len(datas))]
+        cols = {f.name: host(getattr(out.replies, f.name)) for f in fields(out.replies)}
+        return [(type(out.replies)(**{n: v[i] if v.ndim > 1 else float(v[i]) for n, v in cols.items()}), None,
+                 out.costs.cost(i)) for i in range(len(datas))]
 
     def reduce(self, replies: list[Any]) -> Any:
-        return WeightedDelta(np.sum([r.total for r in replies], axis=0), sum(r.weight for r in replies))
+        """The fieldwise sum of uploads (WeightedDelta, or ClippedDelta under `privacy:`)."""
+        first = replies[0]
+        return type(first)(**{f.name: np.sum([r.total for r in replies], axis=0) if f.name == "total"
+                              else sum(getattr(r, f.name) for r in replies) for f in fields(first)})
 
     def aggregate(self, state: Any, replies: list[Any], rng: np.random.Generator) -> tuple[Any, Cost]:
         if not replies and self.ctx.privacy is None:
             return state, Cost()
-        return ServerState(state.params + self.params.server_lr * self.mean_update(replies, state.params, rng)), Cost()
+        update, clip = self.mean_update(replies, state, rng)
+        return ServerState(state.params + self.params.server_lr * update, clip=clip), Cost()
 
-    def mean_update(self, replies: list[Any], params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """The round's pseudo-gradient: the replies' weighted mean Δ; under `privacy:`, DP-FedAvg's noised mean
-        (Σ clip(Δ_i) + N(0, (zC)² I)) / k over the k clients kept a round (McMahan et al., 2018, Alg. 1 with the
-        fixed denominator), the noise drawn from the round's aggregation stream."""
-        if self.ctx.privacy is None:
+    def mean_update(self, replies: list[Any], state: Any, rng: np.random.Generator) -> tuple[np.ndarray, float | None]:
+        """The round's pseudo-gradient and the next round's clip norm. Without `privacy:`, the replies' weighted
+        mean Δ. Under it, DP-FedAvg's noised mean (Σ clip(Δ_i) + N(0, (z_Δ C)² I)) / k over the k clients kept a
+        round (McMahan et al., 2018, Alg. 1 with the fixed denominator); with adaptive clipping (Andrew et al., 2021,
+        Alg. 1) C moves geometrically towards the quantile: C ← C·exp(−η_C (b̃ − γ)), b̃ the noised fraction of
+        updates within C (noise σ_b), and z_Δ = (z⁻² − (2σ_b)⁻²)^(-1/2) keeps the run's privacy that of z (their
+        Thm. 1). The noises come from the round's aggregation stream, the updates' first."""
+        p = self.ctx.privacy
+        if p is None:
             total = self.reduce(replies)
-            return total.total / total.weight
-        total = self.reduce(replies).total if replies else np.zeros_like(params)
-        noise = self.noise_multiplier * self.ctx.privacy.clip * rng.standard_normal(params.shape)
-        return ((total.astype(np.float64) + noise) / self.ctx.kept_per_round).astype(params.dtype)
+            return total.total / total.weight, None
+        k, clip = self.ctx.kept_per_round, float(state.clip if state.clip is not None else p.clip)
+        summed = self.reduce(replies) if replies else ClippedDelta(np.zeros_like(state.params), 0.0, 0.0)
+        z_update, sigma_b = noise_split(self.noise_multiplier, p.adaptive_clip, k)
+        noised = summed.total.astype(np.float64) + z_update * clip * rng.standard_normal(state.params.shape)
+        update = (noised / k).astype(state.params.dtype)
+        a = p.adaptive_clip
+        if a is None:
+            return update, clip
+        fraction = (float(summed.below) + sigma_b * rng.standard_normal()) / k
+        return update, clip * math.exp(-a.lr * (fraction - a.quantile))
 
     @functools.cached_property
     def noise_multiplier(self) -> float:
@@ -492,7 +543,8 @@ class LocalSGD(Algorithm):
         if p is None:
             return {}
         eps = epsilon_after(self.ctx.num_clients, self.ctx.clients_per_round, self.noise_multiplier, round, p.delta)
-        return {"epsilon": eps, "noise_multiplier": self.noise_multiplier, "clip": float(p.clip)}
+        return {"epsilon": eps, "noise_multiplier": self.noise_multiplier,
+                "clip": float(state.clip if state.clip is not None else p.clip)}
 
     def eval_payload(self, state: Any) -> np.ndarray:
         """The global parameter vector θ."""

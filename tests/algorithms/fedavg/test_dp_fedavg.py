@@ -28,10 +28,20 @@ def test_a_target_epsilon_is_met_at_the_last_round(tmp_path):
     assert (rounds["noise_multiplier"] == z).all() and rounds["epsilon"].iloc[-1] <= 4.0 < epsilon_after(30, 10, 0.99 * z, 6, 1e-4)
 
 
+ADAPTIVE = {**CFG, "privacy": {"clip": 5.0, "noise_multiplier": 0.8, "adaptive_clip": {"quantile": 0.5, "lr": 0.5}}}
+
+
+def test_adaptive_clipping_brings_a_loose_norm_down_and_spends_what_z_spends(tmp_path):
+    """A clip norm far above every update's (5.0) falls round after round (b̃ near 1 > γ = 0.5); ε is that of z."""
+    rounds = raysim.run(ADAPTIVE, out=tmp_path / "run", progress=False).rounds
+    assert rounds["clip"].is_monotonic_decreasing and rounds["clip"].iloc[-1] < 0.5 * 5.0
+    assert rounds["epsilon"].tolist() == [epsilon_after(30, 10, 0.8, t, 1e-5) for t in range(1, 7)]
+
+
 def test_private_runs_are_bitwise_the_same_on_both_backends(ray_cluster, tmp_path):
-    local = raysim.run(CFG, out=tmp_path / "local", progress=False)
-    ray = raysim.run({**CFG, "backend": "ray", "cluster": {"num_actors": 2, "driver_shard": False}}, out=tmp_path / "ray",
-                     progress=False)
+    local = raysim.run(ADAPTIVE, out=tmp_path / "local", progress=False)
+    ray = raysim.run({**ADAPTIVE, "backend": "ray", "cluster": {"num_actors": 2, "driver_shard": False}},
+                     out=tmp_path / "ray", progress=False)
     pd.testing.assert_frame_equal(reproducible(local.rounds), reproducible(ray.rounds))
     pd.testing.assert_frame_equal(reproducible(local.clients), reproducible(ray.clients))
 
@@ -42,6 +52,8 @@ def test_private_runs_are_bitwise_the_same_on_both_backends(ray_cluster, tmp_pat
     ({"privacy": {"clip": 1.0}}, "give exactly one of noise_multiplier and target_epsilon"),
     ({"privacy": {"clip": 1.0, "noise_multiplier": 1.0, "target_epsilon": 2.0}}, "give exactly one of"),
     ({"privacy": {"clip": 1.0, "target_epsilon": 1e-9, "delta": 1e-9}}, "privacy.target_epsilon: no noise multiplier"),
+    ({"privacy": {"clip": 1.0, "noise_multiplier": 2.0, "adaptive_clip": {"count_noise": 0.5}}},
+     "privacy.adaptive_clip.count_noise: 0.5 must exceed the noise multiplier's half, 1"),
 ])
 def test_what_dp_fedavg_cannot_hold_is_refused(change, message):
     with pytest.raises(ConfigError, match=message):
