@@ -80,6 +80,7 @@ def test_client_actors_run_on_both_nodes(two_nodes, tmp_path):
     assert info["status"] == "finished"
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_a_client_without_the_token_is_refused(two_nodes, tmp_path):
     """Without a token (none on this machine either) and with a wrong one: refused; with it: joined."""
     address, env = two_nodes

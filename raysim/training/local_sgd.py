@@ -502,8 +502,11 @@ class LocalSGD(Algorithm):
                               else sum(getattr(r, f.name) for r in replies) for f in fields(first)})
 
     def aggregate(self, state: Any, replies: list[Any], rng: np.random.Generator) -> tuple[Any, Cost]:
-        if not replies and self.ctx.privacy is None:
-            return state, Cost()
+        if self.ctx.privacy is None:
+            if not replies:
+                return state, Cost()
+            total = self.reduce(replies)  # (η_s Σ w_iΔ_i) / Σ w_i, in this order: the bits FedAvg always had
+            return ServerState(state.params + self.params.server_lr * total.total / total.weight), Cost()
         update, clip = self.mean_update(replies, state, rng)
         return ServerState(state.params + self.params.server_lr * update, clip=clip), Cost()
 
