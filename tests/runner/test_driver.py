@@ -97,6 +97,7 @@ def test_algorithm_registered_outside_raysim_runs_on_actors(ray_cluster, tmp_pat
     assert len(result.rounds) == 4
 
 
+@pytest.mark.slow  # long; run with -m slow (the chaos suite's SIGKILL-and-truncate schedule stays)
 def test_resume_after_sigkill_reaches_the_same_numbers(ray_cluster, tmp_path):
     """A driver killed with SIGKILL mid-run (backend local: the whole run in that process); `--resume`
     finishes it on Ray from its checkpoint, and the numbers are those of an uninterrupted run."""

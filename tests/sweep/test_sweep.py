@@ -147,6 +147,7 @@ def trial_span(trial_dir: Path) -> tuple[float, float]:
     return reports[0]["timestamp"] - reports[0]["time_total_s"], reports[-1]["timestamp"]
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_four_trials_two_at_a_time_asha_stops_the_laggards_and_the_best_is_reported(ray_cluster, tmp_path, deadline):
     """4 trials x 3 rounds, 2 at a time on a 2-CPU Ray (each holds 1 CPU: server 0.5 + one client actor 0.5).
     The two tiny learning rates start only when a slot frees, after a good trial recorded round 1, and
