@@ -61,6 +61,7 @@ def two_nodes():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_client_actors_run_on_both_nodes(two_nodes, tmp_path):
     address, env = two_nodes
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(CFG))

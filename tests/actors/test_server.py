@@ -25,6 +25,7 @@ def run(tmp_path, name, **overrides):
     return result.rounds, result.clients
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_real_clock_waits_and_drops_real_stragglers(ray_cluster, tmp_path):
     scale, deadline = 0.1, 8.0
     rounds, clients = run(tmp_path, "real", system__clock__mode="real", system__clock__time_scale=scale,
@@ -169,7 +170,8 @@ LONG = {"name": "long", "seed": 0, "data": {"source": "digits", "num_clients": 4
         "checkpoint": {"every": 0, "replay_rounds": 20}, "eval": {"every": 50}, "cluster": {"num_actors": 2}}
 
 
-@pytest.mark.parametrize("rounds", [300, pytest.param(2000, marks=pytest.mark.slow)])
+@pytest.mark.slow  # long; run with -m slow
+@pytest.mark.parametrize("rounds", [300, 2000])
 def test_many_rounds_hold_the_object_store_and_the_driver_flat(ray_cluster, tmp_path, rounds):
     """No checkpoint (the replay log's worst case): past warm-up the object store holds at most
     `replay_rounds` broadcasts and the driver does not grow (an unbounded log adds one per round).

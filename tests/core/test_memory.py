@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 
 from raysim.core.memory import PeakMemory, session_processes, summed_pss
 
@@ -42,6 +43,7 @@ def test_summed_pss_counts_a_childs_private_memory():
             child.wait()
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_ten_thousand_clients_stay_under_the_memory_bound(tmp_path):
     out = tmp_path / "scale.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--clients", "10000", "--rounds", "2",

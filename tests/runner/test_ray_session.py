@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 import ray
 
 from raysim.core.memory import session_processes
@@ -99,6 +100,7 @@ print(ray.get(Probe.remote().where.remote()))
 """
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_actors_import_the_drivers_raysim_when_the_working_directory_holds_another(tmp_path):
     # As `raysim run` from a checkout's root with raysim installed non-editably: Ray puts the driver's working
     # directory first on every worker's sys.path, and the checkout's raysim/ there has no algorithms/ or actors/.

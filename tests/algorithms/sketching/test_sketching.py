@@ -269,6 +269,7 @@ def test_b_larger_than_d_and_partial_participation_are_errors():
         IterativeSketchingFL(ctx)
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_end_to_end_on_ray(ray_cluster, tmp_path):
     """A tiny DP sketched run through the real runtime: b-number uploads in the ledger, accountants in rounds.parquet."""
     cfg = {"name": "sk", "seed": 1, "data": {"source": "digits", "num_clients": 4, "partition": {"kind": "iid"}},
