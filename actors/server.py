@@ -297,21 +297,22 @@ class RoundServer:
         kept = [result for result, at in left if at <= cutoff][:need]
         return kept, set(refs.values()) - {r.clients[0] for r in kept}
 
-    def _send_eval(self, clients: np.ndarray) -> tuple[dict[int, Any], dict[int, np.ndarray], Any]:
+    def _send_eval(self, clients: np.ndarray) -> tuple[dict[int, Any], dict[int, np.ndarray], Any, Any]:
         """Ask each shard holding some of `clients` for their federated evaluation (before the next round's steps
-        reach it, so it sees this round's client states): the refs, each shard's clients, the payload (or its ref)."""
+        reach it, so it sees this round's client states): the refs, each shard's clients, the payload and what
+        carries it (itself, or its ref)."""
         by_actor = {a: np.asarray(cs, dtype=np.int64) for a, cs in shards_of(clients, self.per_actor).items()}
         payload = self.engine.eval_payload()
         carried = payload if payload_bytes(payload) * len(by_actor) <= INLINE_BYTES else ray.put(payload)
         refs = {a: self.actors[a].evaluate.remote(cs, carried) for a, cs in by_actor.items() if a in self.actors}
-        return refs, by_actor, carried
+        return refs, by_actor, payload, carried
 
-    def _gather_eval(self, sent: tuple[dict[int, Any], dict[int, np.ndarray], Any]) -> dict[str, np.ndarray]:
+    def _gather_eval(self, sent: tuple[dict[int, Any], dict[int, np.ndarray], Any, Any]) -> dict[str, np.ndarray]:
         """The shards' federated evaluation columns, joined in client order (shard 0 evaluated here meanwhile)."""
-        refs, by_actor, carried = sent
+        refs, by_actor, payload, carried = sent
         parts = []
         if self.local is not None and 0 in by_actor:
-            parts.append(self.local.evaluate(by_actor[0], self.engine.eval_payload()))
+            parts.append(self.local.evaluate(by_actor[0], payload))
         for shard, ref in refs.items():
             def again(actor: Any, cs: np.ndarray = by_actor[shard]) -> Any:
                 return actor.evaluate.remote(cs, carried)

@@ -558,12 +558,13 @@ class LocalSGD(Algorithm):
         in chunks of CLIENT_EVAL_ROWS rows, each its own matrix of one fixed shape (stacked where the model is a
         chain of linear layers, else one forward a chunk), and each client's sums taken in row order, so a
         client's numbers do not depend on which clients share the batch."""
-        if not len(batch) or not batch.sizes.all():  # a client without rows has no metrics (NaN)
-            held = np.flatnonzero(batch.sizes > 0)
+        if not len(batch):
+            return {"loss": np.zeros(0)}
+        if not batch.sizes.all():  # a client without rows has no metrics (NaN): the others evaluated alone
+            held = np.flatnonzero(batch.sizes)
             part = self.evaluate_clients(payload, None, ClientBatch(batch.ids[held], batch.starts[held], batch.sizes[held],
-                                                                    batch.x, batch.y)) if held.size else {}
-            names = part.keys() if held.size else ["loss"]
-            return {n: np.full(len(batch), np.nan) if n not in part else _spread(part[n], held, len(batch)) for n in names}
+                                                                    batch.x, batch.y))
+            return {n: _spread(v, held, len(batch)) for n, v in part.items()}
         theta = torch.tensor(payload, dtype=self.dtype, device=self.device)  # a copy: Ray's arrays are read-only
         sizes, C = batch.sizes, CLIENT_EVAL_ROWS
         chunks = -(-sizes // C)
