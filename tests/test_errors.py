@@ -163,6 +163,7 @@ def test_a_mistake_is_one_line_and_exit_status_2(args, named, files, tmp_path, c
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_the_installed_command_answers_in_one_line_and_debug_shows_the_traceback(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args = [sys.executable, "-m", "raysim.cli", "run", QUICK, "data.num_clients=5000", "--out", str(tmp_path / "r")]
@@ -174,6 +175,7 @@ def test_the_installed_command_answers_in_one_line_and_debug_shows_the_traceback
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "DataError" in debug.stderr
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_a_mistake_without_out_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
     """Without --out a run goes to runs/<name>-<time>/: a data error removes it, and runs/ too when the run made it."""
     monkeypatch.chdir(tmp_path)

@@ -51,6 +51,7 @@ def _run(args, cwd, timeout=300):
     return proc
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_driver_registrations_reach_the_actors_in_every_layout(ray_cluster, plugin_dir, tmp_path):
     """A driver script imports its plugin itself (no `plugins:` key) and joins the session's Ray: the server
     and every client actor still build the blobs data, the model and the algorithm; one client per actor

@@ -111,7 +111,8 @@ register_algorithm("killed_at_3")(type("KilledAt3", (KilledWhileAggregating,), {
 register_algorithm("killed_at_4_both")(type("KilledAt4Both", (KilledWhileAggregating,), {"at": 4, "both": True}))
 
 
-@pytest.mark.parametrize("algorithm", ["killed_at_3", pytest.param("killed_at_4_both", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algorithm", [pytest.param("killed_at_3", marks=pytest.mark.slow),
+                                       pytest.param("killed_at_4_both", marks=pytest.mark.slow)])
 def test_a_client_actor_restarted_before_the_next_call_is_reloaded_and_replayed(ray_cluster, tmp_path, algorithm):
     """Client actors restarted, empty, before the server's next call reaches them (one before round 4's step;
     both, 50 ms apart, before round 4's checkpoint is saved): the call finds them without state (StateLost), the

@@ -123,6 +123,7 @@ class Recorder(Callback):
         self.calls.append(("end", status))
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_python_callback_sees_the_server_actor_state_and_stops_the_run(tmp_path, ray_cluster):
     rec, rows = Recorder(), []
     res = raysim.run(QUICK, {**SMALL, "backend": "ray", "cluster.server": "actor", "algorithm.rounds": 5},

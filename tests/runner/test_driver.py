@@ -181,6 +181,7 @@ def test_out_on_a_run_is_refused_and_overwrite_replaces_it_whole(tmp_path):
     assert sorted(_files(replaced.run_dir)) == sorted(_files(fresh.run_dir))
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_a_stopped_run_checkpoints_its_last_round(ray_cluster, tmp_path):
     """A callback stops the run after round 5 (checkpoint.every 4): round 5 is checkpointed, so the exported model is
     round 5's, and a resume continues after it to the numbers of a run never stopped (the local backend's: the

@@ -228,6 +228,7 @@ def seeded_sweep(ray_cluster, tmp_path_factory):
         return run_sweep(SEEDED, out=tmp_path_factory.mktemp("seeded") / "sweep", verbose=0)
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_seeds_give_one_row_per_configuration_with_mean_and_std(seeded_sweep):
     result = seeded_sweep
     trials = pd.read_parquet(result.sweep_dir / "sweep_results.parquet")
@@ -253,6 +254,7 @@ def test_seeds_give_one_row_per_configuration_with_mean_and_std(seeded_sweep):
            f"{good['test_accuracy_std']:.4g}" in console.export_text()
 
 
+@pytest.mark.slow  # long; run with -m slow
 def test_tune_sees_every_scalar_of_every_round(seeded_sweep):
     """Round 1 is not evaluated: Tune still gets its row, without the metric (item 1: Tune's loggers see
     what a run's callbacks see)."""
