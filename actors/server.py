@@ -25,6 +25,7 @@ from raysim.data import FederatedData
 from raysim.errors import ConfigError
 from raysim.round.engine import RoundEngine, RoundPlan, shards_of
 from raysim.round.experiment import Experiment
+from raysim.round.scheduled import ScheduledEngine
 from raysim.round.shard import ClientShard, ShardResult
 from raysim.storage import checkpoint
 from raysim.system import payload_bytes
@@ -127,6 +128,7 @@ class RoundServer:
         # the server evaluates on a GPU where its process has one (model.device: auto or cuda), else on the CPU
         self.device = process_device("cpu" if self.cfg.model.device == "cpu" else "auto", "the server's process")
         self.engine = RoundEngine(experiment, FederatedData.from_dict(data), self.device)
+        self.scheduled = ScheduledEngine(self.engine) if self.cfg.schedule.scheduled else None
         self.actors: dict[int, Any] = {}  # shard -> its client actor
         self.local: ClientShard | None = None  # shard 0 in this process (cluster.driver_shard)
         self.per_actor = 1
@@ -160,7 +162,7 @@ class RoundServer:
 
     def resume(self, folder: str) -> None:
         """Load the checkpoint in `folder` (the runner's verified choice) into the server and every shard."""
-        self.engine.load(Path(folder))
+        (self.scheduled or self.engine).load(Path(folder))
         self.ckpt = folder
         refs = {i: a.restore.remote(folder, []) for i, a in self.actors.items()}
         if self.local is not None:
@@ -189,7 +191,7 @@ class RoundServer:
         assert self.run_dir is not None, "checkpoints need a run directory"
         folder = str(checkpoint.checkpoint_dir(self.run_dir, round))
         refs = {i: a.save.remote(folder) for i, a in self.actors.items()}
-        files = self.engine.save(Path(folder))
+        files = (self.scheduled or self.engine).save(Path(folder))
         if self.local is not None:
             files.update(self.local.save(folder))
         for i, ref in refs.items():
@@ -321,11 +323,41 @@ class RoundServer:
         order = np.argsort(joined["client_id"], kind="stable")
         return {n: v[order] for n, v in joined.items()}
 
+    def _train(self, round: int, clients: list[int], broadcast: Any) -> list[ShardResult]:
+        """The steps of `clients` (a buffered or async schedule's tasks of one server version, `round` their key) on
+        their shards, logged for a restarted actor's replay like a round's."""
+        by_actor = shards_of(clients, self.per_actor)
+        bref = broadcast if payload_bytes(broadcast) * len(by_actor) <= INLINE_BYTES else ray.put(broadcast)
+        refs = {a: self.actors[a].train.remote(round, cs, bref, False) for a, cs in by_actor.items() if a in self.actors}
+        results = [self.local.train(round, by_actor[0], broadcast, False)] if self.local is not None and 0 in by_actor else []
+        for shard, ref in refs.items():
+            def again(actor: Any, shard: int = shard) -> Any:
+                return actor.train.remote(round, by_actor[shard], bref, False)
+            results.append(self._settle(shard, ref, again))
+        self.replay.append((round, by_actor, bref))
+        return results
+
+    def _run_update(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+        """Server update `round` of a buffered or async schedule: the clock runs to it, and the tasks of each server
+        version train as one call to each shard that hosts some of them."""
+        assert self.scheduled is not None
+        out = self.scheduled.advance(round, self._train)
+        saved = self.run_dir is not None and self.engine.checkpoint_due(round)
+        if saved:
+            self._checkpoint(round)
+        else:
+            self._bound_replay()
+        ids = self.engine.eval_clients(round, np.array([t.client for t in out.applied], dtype=np.int64))
+        evals = self._gather_eval(self._send_eval(ids)) if ids is not None else None
+        return self.scheduled.rows(out, self.restarts, saved, evals)
+
     def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
-        """One synchronized round; returns the results row, the per-client rows and the federated evaluation's
+        """One synchronized round (or, under a buffered or async schedule, one server update); returns the results row, the per-client rows and the federated evaluation's
         rows. Under the virtual clock the next round goes to the client actors before this one is evaluated: they
         train while this process evaluates and the runner writes (the same calls in the same order, so the same
         numbers); a federated evaluation goes to them before it."""
+        if self.scheduled is not None:
+            return self._run_update(round)
         if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
             rp = self.engine.plan(round)
             results: list[ShardResult] = []
@@ -347,7 +379,7 @@ class RoundServer:
             self._checkpoint(round)
         else:
             self._bound_replay()
-        ids = self.engine.eval_clients(rp)
+        ids = self.engine.eval_clients(rp.round, rp.clients)
         asked = self._send_eval(ids) if ids is not None else None
         if self.cfg.system.clock.mode == "virtual" and round < self.cfg.algorithm.rounds:
             self.sent = self._dispatch(round + 1)

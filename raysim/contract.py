@@ -254,6 +254,33 @@ class Algorithm:
         """The new ServerState from the round's (possibly pre-reduced) replies, and the server's Cost."""
         raise NotImplementedError
 
+    def plan_costs(self, clients: np.ndarray, keys: Keys) -> Costs:
+        """The Costs the clients' steps will have (`keys` their step keys), known before they train: the buffered
+        and async schedules time a client when it starts, and train later, together with every client that starts
+        from the same model. The steps' own Costs are checked against it."""
+        raise NotImplementedError
+
+    def stale(self, reply: Any, weight: float, sent: Any, now: Any, mix: bool) -> Any:
+        """A reply as the server applies it under the buffered and async schedules: scaled by `weight` (the
+        staleness function, FedAsync's alpha included) and, with `mix` (FedAsync), re-based from the ServerState
+        `sent` it was trained from to `now`, so that aggregating it alone mixes the client's model into the current
+        one: theta_now + weight * (theta_sent + delta - theta_now)."""
+        raise NotImplementedError
+
+    @classmethod
+    def schedulable(cls) -> bool:
+        """Whether this algorithm runs under the buffered and async schedules: it is reducible and defines
+        `plan_costs` and `stale`, and no subclass below the class that defines them redefines the steps or the
+        reduction (whose Costs and replies those describe)."""
+        mro = cls.__mro__
+
+        def owner(name: str) -> type:
+            return next(c for c in mro if name in c.__dict__)
+
+        defined = [owner("plan_costs"), owner("stale")]
+        return bool(cls.reducible) and Algorithm not in defined and all(
+            issubclass(d, owner(n)) for d in defined for n in ("step", "step_many", "step_batch", "reduce"))
+
     def evaluate(self, state: Any, data: EvalData) -> dict[str, float]:
         """Metrics of the current ServerState."""
         return {}

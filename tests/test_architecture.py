@@ -38,7 +38,7 @@ SMUGGLED = [  # (importer, imported, the contract that import breaks)
     ("actors/client.py", "raysim.algorithms.fzoos.gp", "The runtime's layers"),
     ("raysim/round/engine.py", "raysim.actors.server", "The runtime's layers"),
     ("raysim/data/sources.py", "raysim.config", "The runtime's layers"),
-    ("raysim/training/sampling.py", "ray", "The round and its training kernels import no Ray"),
+    ("raysim/training/stacked.py", "ray", "The round and its training kernels import no Ray"),
     ("raysim/results/tables.py", "raysim.results.retime", "No import cycles"),
 ]
 

@@ -19,7 +19,7 @@ import torch
 from raysim.contract import Cost, Plan
 from raysim.plugins import register_algorithm
 from raysim.training import Broadcast, LocalSGD, ServerState
-from raysim.training.sampling import sample_clients
+from raysim.core.sampling import sample_clients
 
 
 @dataclass

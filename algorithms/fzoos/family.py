@@ -22,7 +22,7 @@ from raysim.algorithms.fzoos.config import ObjectiveConfig, SyntheticObjective, 
 from raysim.algorithms.fzoos.model_objectives import AttackObjective
 from raysim.algorithms.fzoos.optim import LocalOptimizer
 from raysim.contract import Algorithm, Context, Cost, EvalData, Plan
-from raysim.training.sampling import sample_clients
+from raysim.core.sampling import sample_clients
 
 FLOAT_BYTES = 8
 

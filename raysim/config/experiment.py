@@ -22,6 +22,7 @@ from raysim.data.config import DataConfig
 from raysim.errors import ConfigError, PluginError
 from raysim.models import ModelConfig
 from raysim.plugins import ALGORITHMS, load_plugin
+from raysim.schedule.config import ScheduleConfig
 from raysim.system.config import SystemConfig
 
 
@@ -146,6 +147,8 @@ class ExperimentConfig(BaseModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="when the server applies updates: sync"
+                                     " rounds, FedBuff's buffered or FedAsync's async aggregation")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     privacy: PrivacyConfig | None = Field(None, description="DP-FedAvg: clipped client updates, Gaussian noise at the"
@@ -207,6 +210,9 @@ def _check(cfg: ExperimentConfig) -> list[str]:
     if cfg.eval.clients != "none" and not problems and not ALGORITHMS.lookup(cfg.algorithm.name).evaluates_clients():
         problems.append(f"eval.clients: algorithm {cfg.algorithm.name!r} cannot evaluate on clients (it defines no"
                         " evaluate_clients); use eval.clients: none")
+    problems += cfg.schedule.problems()
+    if cfg.schedule.scheduled and not problems:
+        problems += _schedule_problems(cfg)
     if cfg.privacy is not None and not problems:
         problems += _privacy_problems(cfg)
     if isinstance(cfg.eval.clients, ClientSample) and cfg.eval.clients.sample > cfg.data.num_clients:
@@ -228,6 +234,35 @@ def _check(cfg: ExperimentConfig) -> list[str]:
     if c.num_actors is not None and c.clients_per_actor is not None and c.num_actors * c.clients_per_actor < cfg.data.num_clients:
         problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
                         f" cannot host data.num_clients={cfg.data.num_clients}")
+    return problems
+
+
+def _schedule_problems(cfg: ExperimentConfig) -> list[str]:
+    """What keeps a buffered or async schedule from running this experiment, one line each."""
+    kind, name = cfg.schedule.kind, cfg.algorithm.name
+    s = cfg.schedule.resolved(cfg.algorithm.clients_per_round)
+    assert s.concurrency is not None and s.buffer is not None  # resolved
+    if not ALGORITHMS.lookup(name).schedulable():
+        return [f"schedule.kind: algorithm {name!r} cannot run {kind}: it must be reducible and tell its clients' costs"
+                " before they train and weigh a late reply (plan_costs, stale); fedavg, fedprox and the FedOpt server"
+                " optimizers can"]
+    problems = []
+    if s.concurrency > cfg.data.num_clients:
+        problems.append(f"schedule.concurrency: {s.concurrency} clients training at once exceed data.num_clients="
+                        f"{cfg.data.num_clients}")
+    if s.buffer > s.concurrency:
+        problems.append(f"schedule.buffer: {s.buffer} arrivals a server update can never gather with concurrency"
+                        f" {s.concurrency} clients training at once")
+    if cfg.privacy is not None:
+        problems.append(f"privacy: DP-FedAvg's accounting is for synchronous rounds of sampled clients; it cannot"
+                        f" run under schedule.kind {kind!r}")
+    if cfg.system.stragglers.deadline is not None or cfg.system.stragglers.over_select:
+        problems.append(f"system.stragglers: deadlines and over-selection close a synchronous round; under"
+                        f" schedule.kind {kind!r} the server applies the first schedule.buffer arrivals")
+    if cfg.system.clock.mode != "virtual":
+        problems.append(f"system.clock.mode: schedule.kind {kind!r} runs on the virtual clock only")
+    if cfg.faults:
+        problems.append(f"faults: injected faults are keyed by synchronous rounds; schedule.kind {kind!r} has none")
     return problems
 
 

@@ -149,22 +149,34 @@ class RoundEngine:
         """Take the server's state and ledger from checkpoint `folder`."""
         self.state, self.ledger = checkpoint.load(folder / "server.pkl")
 
-    def eval_clients(self, rp: RoundPlan) -> np.ndarray | None:
-        """The clients evaluated on their own data after `rp`'s round (`eval.clients`, at evaluated rounds), in id
-        order; None when none are."""
+    def eval_clients(self, round: int, selected: np.ndarray) -> np.ndarray | None:
+        """The clients evaluated on their own data after `round` (`eval.clients`, at evaluated rounds; `selected`: the
+        round's clients, or a server update's applied ones), in id order; None when none are."""
         which = self.cfg.eval.clients
-        if which == "none" or not self.cfg.evaluates(rp.round):
+        if which == "none" or not self.cfg.evaluates(round):
             return None
         if which == "selected":
-            return np.unique(rp.clients)
+            return np.unique(selected)
         if which == "all":
             return np.arange(self.fed.num_clients, dtype=np.int64)
-        rng = stream(self.cfg.seed, rp.round, SERVER, "eval_clients")
+        rng = stream(self.cfg.seed, round, SERVER, "eval_clients")
         return np.sort(rng.choice(self.fed.num_clients, which.sample, replace=False)).astype(np.int64)
 
     def eval_payload(self) -> Any:
         """What the clients' actors evaluate: the algorithm's `eval_payload` of the current server state."""
         return self.algo.eval_payload(self.state)
+
+    def metrics(self, round: int, evals: dict[str, np.ndarray] | None) -> tuple[dict, dict[str, np.ndarray] | None]:
+        """The metrics of the state after `round` (evaluated every `eval.every` rounds and the last) and the federated
+        evaluation's rows (`evals`, the shards' columns, with the round and the split added; their distribution
+        summarized in the metrics)."""
+        metrics = self.algo.round_metrics(self.state, round)
+        metrics.update(self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {})
+        if evals is None:
+            return metrics, None
+        metrics.update(client_metric_summary(evals))
+        n = len(evals["client_id"])
+        return metrics, {"round": np.full(n, round, dtype=np.int64), **evals, "split": np.full(n, "train")}
 
     def rows(self, rp: RoundPlan, out: RoundOutcome, restarts: int = 0, saved: bool = False,
              evals: dict[str, np.ndarray] | None = None) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
@@ -172,13 +184,7 @@ class RoundEngine:
         as columns, and the federated evaluation's rows (`evals`, the shards' columns, with the round and the split
         added; their distribution summarized in the row)."""
         round, timing = rp.round, out.timing
-        metrics = self.algo.round_metrics(self.state, round)
-        metrics.update(self.algo.evaluate(self.state, self.eval) if self.cfg.evaluates(round) else {})
-        eval_rows = None
-        if evals is not None:
-            metrics.update(client_metric_summary(evals))
-            n = len(evals["client_id"])
-            eval_rows = {"round": np.full(n, round, dtype=np.int64), **evals, "split": np.full(n, "train")}
+        metrics, eval_rows = self.metrics(round, evals)
         dropped = int(timing.dropped.sum())
         row = {
             "round": round,

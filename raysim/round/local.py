@@ -14,6 +14,7 @@ from raysim.core.device import process_device
 from raysim.data import FederatedData
 from raysim.round.engine import RoundEngine
 from raysim.round.experiment import Experiment
+from raysim.round.scheduled import ScheduledEngine
 from raysim.round.shard import ClientShard
 from raysim.storage import checkpoint
 
@@ -29,6 +30,7 @@ class LocalServer:
         self.experiment, self.data = experiment.install(), data
         self.device = process_device(experiment.cfg.model.device, "the local backend's process")
         self.engine = RoundEngine(experiment, FederatedData.from_dict(data), self.device)
+        self.scheduled = ScheduledEngine(self.engine) if experiment.cfg.schedule.scheduled else None
         self.run_dir = Path(run_dir) if run_dir else None
         self.shard: ClientShard | None = None
 
@@ -44,28 +46,43 @@ class LocalServer:
     def resume(self, folder: str | Path) -> None:
         """Continue from the checkpoint in `folder` (the runner's verified choice)."""
         assert self.shard is not None, "start() first"
-        self.engine.load(Path(folder))
+        (self.scheduled or self.engine).load(Path(folder))
         self.shard.restore(folder, [])
 
     def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
         """One round: the engine's plan, the shard's steps, the engine's aggregation, the federated evaluation
         (`eval.clients`) and the rows."""
         assert self.shard is not None, "start() first"
+        if self.scheduled is not None:
+            return self._run_update(round)
         rp = self.engine.plan(round)
         results = [self.shard.train(round, rp.client_list, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
         out = self.engine.aggregate(rp, results)
-        ids = self.engine.eval_clients(rp)
+        ids = self.engine.eval_clients(rp.round, rp.clients)
         evals = self.shard.evaluate(ids, self.engine.eval_payload()) if ids is not None else None
         saved = self.run_dir is not None and self.engine.checkpoint_due(round)
         if saved:
             self.checkpoint(round)
         return self.engine.rows(rp, out, saved=saved, evals=evals)
 
+    def _run_update(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+        """Server update `round` of a buffered or async schedule: the clock runs to it, the shard training the tasks
+        of each server version as one batch."""
+        assert self.shard is not None and self.scheduled is not None
+        shard = self.shard
+        out = self.scheduled.advance(round, lambda key, clients, broadcast: [shard.train(key, clients, broadcast, False)])
+        ids = self.engine.eval_clients(round, np.array([t.client for t in out.applied], dtype=np.int64))
+        evals = self.shard.evaluate(ids, self.engine.eval_payload()) if ids is not None else None
+        saved = self.run_dir is not None and self.engine.checkpoint_due(round)
+        if saved:
+            self.checkpoint(round)
+        return self.scheduled.rows(out, saved=saved, evals=evals)
+
     def checkpoint(self, round: int) -> None:
         """Save the server's and every client's state after `round` (the round just run), then the manifest."""
         assert self.run_dir is not None and self.shard is not None, "checkpoints need a run directory and start()"
         folder = checkpoint.checkpoint_dir(self.run_dir, round)
-        checkpoint.write_manifest(folder, round, {**self.engine.save(folder), **self.shard.save(folder)})
+        checkpoint.write_manifest(folder, round, {**(self.scheduled or self.engine).save(folder), **self.shard.save(folder)})
 
     def state(self) -> Any:
         """The algorithm's server state (callbacks see a copy)."""

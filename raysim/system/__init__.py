@@ -14,9 +14,10 @@ from raysim.system.config import (
 from raysim.system.ledger import Ledger
 from raysim.system.model import RoundTiming, SystemModel
 from raysim.system.payload import payload_bytes
-from raysim.system.queue import burke_completions, explicit_completions, mm1_sojourn_times
+from raysim.system.queue import CarriedQueue, burke_completions, explicit_completions, mm1_sojourn_times
 
 __all__ = [
+    "CarriedQueue",
     "ClockConfig",
     "CommConfig",
     "ComputeConfig",

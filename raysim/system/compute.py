@@ -31,8 +31,10 @@ def compute_time(
     shift: float,
     rate: float,
     speed: float | np.ndarray = 1.0,
+    fixed: bool = False,
 ) -> float | np.ndarray:
-    """Time of `calls` oracle calls: (calls*shift + Gamma(calls, 1/rate)) / speed (§2.1, (20)).
+    """Time of `calls` oracle calls: (calls*shift + Gamma(calls, 1/rate)) / speed (§2.1, (20)); with `fixed`, its
+    mean calls*(shift + 1/rate) / speed.
 
     The Gamma draw is the quantile of a uniform: `rng` is a Generator (fresh uniforms) or the
     uniforms themselves. Exactly 0.0 for zero calls; an array of call counts gives an array of
@@ -42,7 +44,7 @@ def compute_time(
     if np.any(c < 0):
         raise ValueError(f"oracle calls must be >= 0, got {calls}")
     u = rng.random(c.shape) if isinstance(rng, np.random.Generator) else np.asarray(rng, dtype=float)
-    t = (c * shift + gamma_quantile(c, u) / rate) / speed
+    t = (c * shift + (c if fixed else gamma_quantile(c, u)) / rate) / speed
     return float(t) if t.ndim == 0 else t
 
 

@@ -12,10 +12,12 @@ class ComputeConfig(BaseModel):
     `unit` says what one call is: a per-sample gradient/query (`sample`, a minibatch step of B
     samples is B calls) or one minibatch step (`batch`). `speed: lognormal` draws one
     lognormal(0, speed_sigma) factor per client; a client's compute time is divided by it.
+    `times: fixed` gives every call its mean, shift + 1/rate, with no randomness (closed-form checks).
     """
 
     model_config = ConfigDict(extra="forbid")
 
+    times: Literal["erlang", "fixed"] = "erlang"
     shift: float = Field(1.0, ge=0)
     rate: float = Field(1.0, gt=0)
     unit: Literal["sample", "batch"] = "sample"

@@ -24,11 +24,16 @@ class Ledger:
     def add(self, timing: RoundTiming, costs: Costs | list[Cost], server_cost: Cost, download_bytes: int = 0) -> dict:
         """Add one round (uploaded bytes of kept clients only, `download_bytes` of the round's
         broadcasts) and return the cumulative values."""
-        self.gamma += timing.gamma
-        self.sim_time += timing.round_time
         costs = as_costs(costs)
         kept = ~np.asarray(timing.dropped, dtype=bool)[:len(costs)]  # a round without costs given books none
-        self.oracle_calls += int(costs.oracle_calls.sum()) + server_cost.oracle_calls
-        self.upload_bytes += int(costs.upload_bytes[kept].sum())
+        return self.book(timing.gamma, timing.round_time, int(costs.oracle_calls.sum()) + server_cost.oracle_calls,
+                         int(costs.upload_bytes[kept].sum()), download_bytes)
+
+    def book(self, gamma: float, sim_time: float, oracle_calls: int, upload_bytes: int, download_bytes: int) -> dict:
+        """Add one round's or server update's increments and return the cumulative values."""
+        self.gamma += gamma
+        self.sim_time += sim_time
+        self.oracle_calls += oracle_calls
+        self.upload_bytes += upload_bytes
         self.download_bytes += download_bytes
         return asdict(self)

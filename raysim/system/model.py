@@ -74,7 +74,7 @@ class SystemModel:
         calls = self.calls_of(as_costs(costs)).astype(float)
         speed = 1.0 if self.speed is None else self.speed[idx]
         u = self.compute_uniforms(round, idx) if uniforms is None else uniforms
-        return np.atleast_1d(compute_time(calls, u, c.shift, c.rate, speed))
+        return np.atleast_1d(compute_time(calls, u, c.shift, c.rate, speed, c.times == "fixed"))
 
     def compute_uniforms(self, round: int, idx: np.ndarray) -> np.ndarray:
         """Uniform number idx[i] of the round's "client_compute" stream for each i: the prefix up to the largest id
@@ -92,7 +92,8 @@ class SystemModel:
     def server_compute_time(self, round: int, cost: Cost) -> float:
         """The server's compute time b*shift + Erlang(b, rate), mean 2b by default (20)."""
         c = self.cfg.compute
-        return float(compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate))
+        return float(compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate,
+                                  fixed=c.times == "fixed"))
 
     def within_deadline(self, compute_times: np.ndarray) -> np.ndarray:
         """Which clients finish their compute by the deadline (all of them without one); the one deadline rule."""

@@ -2,10 +2,13 @@
 
 Sizes are per-client uploads in model-sized vectors (fractional allowed, 0 = no upload). Offsets
 are measured from the start of the communication phase, in the input order; size-0 clients get 0.
-Each round's queue starts empty: rounds are synchronous, so the server has served every kept upload
-of round t before it broadcasts round t+1 and no backlog can carry over.
+Each synchronous round's queue starts empty: the server has served every kept upload of round t before it
+broadcasts round t+1, so no backlog can carry over. Under the buffered and async schedules one queue carries
+its backlog from arrival to arrival (`CarriedQueue`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,3 +55,17 @@ def mm1_sojourn_times(n: int, nu: float, rng: np.random.Generator) -> np.ndarray
     from empty; in steady state they are Exp(nu - 1), mean 1/(nu - 1) (§2.2)."""
     arrivals = np.cumsum(rng.exponential(1.0, n))
     return _fifo_departures(arrivals, rng.exponential(1.0 / nu, n)) - arrivals
+
+
+@dataclass
+class CarriedQueue:
+    """The server's upload queue in continuous simulated time (the buffered and async schedules): one FIFO server
+    whose backlog carries from one arrival to the next, D = max(A, D_prev) + S (Lindley). With Poisson(lambda)
+    arrivals and Exp(nu) services its mean sojourn is 1/(nu - lambda) in steady state (M/M/1)."""
+
+    free_at: float = 0.0
+
+    def depart(self, arrival: float, service: float) -> float:
+        """The departure of an upload reaching the queue at `arrival` (after every earlier one) needing `service`."""
+        self.free_at = max(arrival, self.free_at) + service
+        return self.free_at

@@ -1,12 +1,11 @@
 """The training kernels the model-training families share: local SGD on torch models (`local_sgd`: FedAvg in the
 FedPAQ form, which families register under their own names and extend), the vectorized local optimizer
-(`local_optim`), the stacked minibatch gradients of linear chains (`stacked`) and the server's default client
-sampler (`sampling`)."""
+(`local_optim`) and the stacked minibatch gradients of linear chains (`stacked`); the server's default client
+sampler is `raysim.core.sampling`'s."""
 from raysim.training.local_sgd import (BatchPlan, Broadcast, LocalSGD, LocalSGDParams, LossKind, ServerState,
                                        WeightedDelta, batch_plan, batch_plans, class_metrics, qsgd, qsgd_bytes,
                                        qsgd_rows, sample_losses, squared_norm)
-from raysim.training.sampling import sample_clients
 
 __all__ = ["BatchPlan", "Broadcast", "LocalSGD", "LocalSGDParams", "LossKind", "ServerState", "WeightedDelta",
-           "batch_plan", "batch_plans", "class_metrics", "qsgd", "qsgd_bytes", "qsgd_rows", "sample_clients",
+           "batch_plan", "batch_plans", "class_metrics", "qsgd", "qsgd_bytes", "qsgd_rows",
            "sample_losses", "squared_norm"]

@@ -30,7 +30,7 @@ from raysim.core.keys import Keys
 from raysim.core.privacy import calibrated_noise, epsilon_after
 from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
-from raysim.training.sampling import sample_clients
+from raysim.core.sampling import sample_clients
 from raysim.training.stacked import stacked_grad
 
 
@@ -250,6 +250,22 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
 
 
+def plan_sizes(sizes: np.ndarray, batch_size: int | None, local_steps: int | None,
+               local_epochs: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(samples, steps) of every client's `batch_plans` without drawing them: where a plan's samples fall is random,
+    how many there are is not. A pass over n samples takes ceil(n/b) steps, b = min(batch, n), the last one short;
+    s steps are s // ceil(n/b) whole passes and then s mod ceil(n/b) full batches."""
+    n = np.asarray(sizes, dtype=np.int64)
+    b = n if batch_size is None else np.minimum(batch_size, n)
+    per_epoch = -(-n // b)
+    if local_steps is not None:
+        steps = np.full(n.size, local_steps, dtype=np.int64)
+    else:
+        assert local_epochs is not None, "plan_sizes needs local_steps or local_epochs"
+        steps = local_epochs * per_epoch
+    return steps // per_epoch * n + steps % per_epoch * b, steps
+
+
 HOST_PAD_ELEMENTS = 0  # the host draws each size class alone: padding costs it time
 DEVICE_PAD_ELEMENTS = 1 << 24  # a GPU draws size classes together up to this padded size: launches cost it, not padding
 
@@ -412,23 +428,40 @@ class LocalSGD(Algorithm):
         Unquantized, the uploads stay where Δ was computed (a GPU shard reduces them there), weighted in place."""
         p = self.params
         weights = sizes.astype(np.float64) if p.weighting == "samples" and self.ctx.privacy is None else np.ones(len(sizes))
-        k, d = deltas.shape
+        d = deltas.shape[1]
         below = None
         if self.ctx.privacy is not None:  # DP-FedAvg: each update clipped to L2 norm C (the broadcast's), weighing 1
             below = host(clip_rows(deltas, clip if clip is not None else self.ctx.privacy.clip)).astype(np.float64)
-        full = d * deltas.element_size()
-        nbytes = full
         total: np.ndarray | torch.Tensor
         if p.quantizer == "qsgd":
             q = qsgd_rows(host(deltas), p.levels, keys.uniforms(d, "qsgd"))
-            nbytes = qsgd_bytes(d, p.levels)
             total = weights.astype(q.dtype)[:, None] * q
         else:
             total = deltas.mul_(torch.from_numpy(weights).to(deltas.device, deltas.dtype)[:, None])
         calls, batches = host(torch.stack([plans.w.sum((1, 2)), plans.w.any(2).sum(1).to(plans.w.dtype)])).astype(np.int64)
-        costs = Costs(calls, batches,
-                      np.full(k, nbytes / full), np.full(k, nbytes, dtype=np.int64))
+        costs = self._costs(calls, batches)
         return (WeightedDelta(total, weights) if below is None else ClippedDelta(total, weights, below)), costs
+
+    def _costs(self, calls: np.ndarray, batches: np.ndarray) -> Costs:
+        """The clients' Costs: the samples and steps they take, one model-sized upload (QSGD's bytes, as a fraction
+        of it, when quantized)."""
+        p, d = self.params, self.spec.size
+        full = d * torch.empty(0, dtype=self.dtype).element_size()
+        nbytes = qsgd_bytes(d, p.levels) if p.quantizer == "qsgd" else full
+        k = len(calls)
+        return Costs(calls, batches, np.full(k, nbytes / full), np.full(k, nbytes, dtype=np.int64))
+
+    def plan_costs(self, clients: np.ndarray, keys: Keys) -> Costs:
+        """The clients' Costs from the sizes of the batch plans their steps will draw (`plan_sizes`)."""
+        p = self.params
+        calls, steps = plan_sizes(np.asarray(self.ctx.client_sizes)[clients], p.batch_size, p.local_steps, p.local_epochs)
+        return self._costs(calls, steps)
+
+    def stale(self, reply: Any, weight: float, sent: Any, now: Any, mix: bool) -> Any:
+        """The upload w*delta scaled by `weight`; with `mix`, w*(theta_sent + delta - theta_now) scaled: aggregated
+        alone with server_lr 1 it is FedAsync's theta <- (1 - a) theta_now + a (theta_sent + delta)."""
+        total = reply.total + reply.weight * (sent.params - now.params) if mix else reply.total
+        return replace(reply, total=total * weight)
 
     def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
         """The per-client reference: local SGD on one client, one step at a time (the plan `step_batch` gives it)."""

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raysim.core.rng import SERVER, stream
-from raysim.system import burke_completions, explicit_completions, mm1_sojourn_times
+from raysim.system import CarriedQueue, burke_completions, explicit_completions, mm1_sojourn_times
 from raysim.system.analytic import expected_explicit_drain, explicit_queue_bound
 
 
@@ -104,3 +104,18 @@ def test_explicit_queue_starts_each_round_empty():
                        for r in range(reps)])
     mean, sd = phi * (1 + 1 / nu), phi * math.sqrt(1 + 1 / nu**2)  # sum of two independent exponentials
     assert abs(firsts.mean() - mean) < 4 * sd / math.sqrt(reps)  # 4 s.e.
+
+
+@pytest.mark.parametrize("lam, nu", [(0.5, 1.0), (3.0, 4.0)])
+def test_the_carried_queue_sojourn_is_mm1s_in_steady_state(lam, nu):
+    """Poisson(lambda) arrivals and Exp(nu) services through the queue that carries its backlog: the mean sojourn is
+    1/(nu - lambda) (M/M/1). The first 10% are a warm-up; the tolerance is 5 standard errors of the batch means."""
+    n, rng = 400_000, stream(5, 0, SERVER, "carried")
+    arrivals = np.cumsum(rng.exponential(1 / lam, n))
+    services = rng.exponential(1 / nu, n)
+    q = CarriedQueue()
+    sojourn = np.array([q.depart(a, s) for a, s in zip(arrivals.tolist(), services.tolist())]) - arrivals
+    batches = sojourn[n // 10:].reshape(90, -1).mean(1)  # batch means: the sojourns are correlated
+    se = batches.std(ddof=1) / math.sqrt(batches.size)
+    assert abs(batches.mean() - 1 / (nu - lam)) < 5 * se
+    assert se < 0.05 / (nu - lam)  # the check has power: 5 s.e. within 25% of the mean

@@ -76,3 +76,14 @@ def test_size_classes_drawn_together_give_the_same_plans(monkeypatch):
     assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), 1 << 24)) == 1
     together = batch_plans(sizes, 8, None, 2, keys)
     assert np.array_equal(apart.idx, together.idx) and np.array_equal(apart.w, together.w)
+
+
+@pytest.mark.parametrize("batch_size, local_steps, local_epochs", [
+    (5, 9, None), (8, None, 3), (None, 4, None), (None, None, 2), (1, 17, None), (64, None, 1)])
+def test_plan_sizes_count_the_samples_and_steps_of_the_drawn_plans(batch_size, local_steps, local_epochs):
+    """The buffered and async schedules time a client by these counts before its plan is drawn."""
+    sizes = np.random.default_rng(4).integers(1, 300, 60)
+    plans = batch_plans(sizes, batch_size, local_steps, local_epochs, Keys(1, 2, np.arange(60), "step"))
+    samples, steps = local_sgd.plan_sizes(sizes, batch_size, local_steps, local_epochs)
+    np.testing.assert_array_equal(samples, plans.w.sum((1, 2)))
+    np.testing.assert_array_equal(steps, plans.w.any(2).sum(1))
