@@ -56,6 +56,9 @@ def retime(run_dir: str | Path, overrides: list[str] | dict, out: str | Path | N
     if outside:
         raise ConfigError(f"{outside[0]}: retime changes only system.* fields; other fields change the training, so run it")
     cfg = load_config(run_dir / "config.yaml")
+    if cfg.schedule.scheduled:
+        raise ConfigError(f"schedule.kind: {run_dir} ran {cfg.schedule.kind!r}, where the order of arrivals decides what"
+                          " is trained; rerun it under the new system model instead of retiming it")
     new = load_config(run_dir / "config.yaml", items)
     _check_exact(cfg, "the recorded run")
     _check_exact(new, "the new system model")

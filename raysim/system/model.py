@@ -140,8 +140,9 @@ class SystemModel:
         """Queue the kept clients' uploads and add the phases: compute, comm, server (25); `keep` is
         the over-selection target the stragglers were chosen with (the compute phase ends at its reply).
 
-        Gamma = b_t + phi * (kept clients' upload vectors), b_t = max client calls + server calls
-        (Definition 1; with phi = 0 it is the raw count of oracle calls in the configured unit).
+        Gamma = b_t + phi * (kept clients' upload vectors), b_t = max kept client's calls + server calls
+        (Definition 1; with phi = 0 it is the raw count of oracle calls in the configured unit). A client dropped at
+        the deadline or by over-selection delivers nothing, so its calls are not on the round's path.
         """
         comm = self.cfg.comm
         times = np.asarray(compute_times, dtype=float)
@@ -156,7 +157,8 @@ class SystemModel:
         compute_phase = self._compute_phase_end(times, dropped, keep)
         comm_phase = float(upload.max()) if upload.size else 0.0
         finish = np.where(sizes > 0, compute_phase + upload, times)
-        b_t = (int(self.calls_of(costs).max()) if len(costs) else 0) + self.calls(server_cost)
+        kept = self.calls_of(costs)[~dropped] if len(costs) else np.zeros(0, dtype=np.int64)
+        b_t = (int(kept.max()) if kept.size else 0) + self.calls(server_cost)
         return RoundTiming(
             compute_time=times,
             upload_time=upload,

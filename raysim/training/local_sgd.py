@@ -222,14 +222,7 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     width beyond its batch) has weight 0. A client's plan is a function of its key, its size and the settings
     only, not of which clients share the call (`width`, at least the largest batch among them, only pads). NumPy
     arrays, or with `device` the same plans as tensors drawn there (a GPU shard's, with no host work per client)."""
-    n = np.asarray(sizes, dtype=np.int64)
-    b = n if batch_size is None else np.minimum(batch_size, n)
-    per_epoch = -(-n // b)
-    if local_steps is not None:
-        steps = np.full(n.size, local_steps, dtype=np.int64)
-    else:
-        assert local_epochs is not None, "batch_plans needs local_steps or local_epochs"
-        steps = local_epochs * per_epoch
+    n, b, per_epoch, steps = _passes(sizes, batch_size, local_steps, local_epochs)
     epochs = -(-steps // per_epoch)  # passes begun
     width = max(int(b.max()), width or 0)
     on = torch.device("cpu" if device is None else device)
@@ -255,15 +248,20 @@ def plan_sizes(sizes: np.ndarray, batch_size: int | None, local_steps: int | Non
     """(samples, steps) of every client's `batch_plans` without drawing them: where a plan's samples fall is random,
     how many there are is not. A pass over n samples takes ceil(n/b) steps, b = min(batch, n), the last one short;
     s steps are s // ceil(n/b) whole passes and then s mod ceil(n/b) full batches."""
+    n, b, per_epoch, steps = _passes(sizes, batch_size, local_steps, local_epochs)
+    return steps // per_epoch * n + steps % per_epoch * b, steps
+
+
+def _passes(sizes: np.ndarray, batch_size: int | None, local_steps: int | None,
+            local_epochs: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every client's size n, batch b = min(batch, n), steps a pass ceil(n/b) and steps taken."""
     n = np.asarray(sizes, dtype=np.int64)
     b = n if batch_size is None else np.minimum(batch_size, n)
     per_epoch = -(-n // b)
     if local_steps is not None:
-        steps = np.full(n.size, local_steps, dtype=np.int64)
-    else:
-        assert local_epochs is not None, "plan_sizes needs local_steps or local_epochs"
-        steps = local_epochs * per_epoch
-    return steps // per_epoch * n + steps % per_epoch * b, steps
+        return n, b, per_epoch, np.full(n.size, local_steps, dtype=np.int64)
+    assert local_epochs is not None, "batch plans need local_steps or local_epochs"
+    return n, b, per_epoch, local_epochs * per_epoch
 
 
 HOST_PAD_ELEMENTS = 0  # the host draws each size class alone: padding costs it time

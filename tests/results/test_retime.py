@@ -42,6 +42,7 @@ def test_retimed_run_equals_the_run_under_the_new_model(tmp_path):
     ({}, {"system.stragglers.deadline": 9.0}, "the new system model has a deadline"),
     ({"system.stragglers.over_select": 2}, {"system.comm.nu": 3.0}, "the recorded run has over-selection"),
     ({}, {"algorithm.lr": 0.5}, "algorithm.lr: retime changes only system.*"),
+    ({"schedule.kind": "buffered", "schedule.buffer": 4}, {"system.comm.nu": 3.0}, "ran 'buffered', where the order"),
 ])
 def test_retime_refuses_what_it_cannot_make_exact(tmp_path, recorded, new, named):
     run = raysim.run(STRAGGLERS, {"algorithm.rounds": 1, **recorded}, out=tmp_path / "r", backend="local")

@@ -89,8 +89,16 @@ def test_round_timing_structure(run_round):
     assert np.array_equal(timing.finish_time[~kept_up], timing.compute_time[~kept_up])
     assert timing.server_phase == model.server_compute_time(2, Cost(oracle_calls=9))
     assert timing.round_time == timing.compute_phase + timing.comm_phase + timing.server_phase
-    # b_t counts every client that computed (dropped ones too); the comm term only kept uploads.
     assert timing.gamma == 6 + 9 + 3.0 * kept_up.sum()
+
+
+def test_gamma_leaves_out_the_clients_dropped_at_the_deadline(run_round):
+    """A client with 40 calls (at least 40 time units) misses a deadline of 14: it delivers nothing, so b_t is the
+    kept clients' 4 calls, not its 40."""
+    model = _model(seed=2, comm={"phi": 0.0}, stragglers={"deadline": 14.0}, num_clients=3)
+    timing = run_round(model, 1, [Cost(oracle_calls=4), Cost(oracle_calls=4), Cost(oracle_calls=40)], Cost())
+    assert timing.dropped.tolist() == [False, False, True]
+    assert timing.gamma == 4
 
 
 def test_server_only_round(run_round):
