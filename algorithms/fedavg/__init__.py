@@ -13,8 +13,11 @@ from pydantic import Field
 from raysim.algorithms.fedavg.scaffold import Scaffold
 from raysim.algorithms.fedavg.server_opt import FedOptState, ServerOpt, ServerOptKind
 from raysim.contract import Cost
-from raysim.plugins import register_algorithm
+from raysim.plugins import declare, register_algorithm
 from raysim.training import LocalSGD, LocalSGDParams
+
+
+declare(commands=["raysim.algorithms.fedavg.cli"])
 
 
 @register_algorithm("fedavg")
