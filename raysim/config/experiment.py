@@ -12,6 +12,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -19,7 +20,7 @@ from raysim.callbacks.config import CallbackConfig
 from raysim.config.sweep import SweepConfig
 from raysim.core.field_errors import coercion_problems, field_errors
 from raysim.data.config import DataConfig
-from raysim.errors import ConfigError, PluginError
+from raysim.errors import ConfigError, DataError, PluginError
 from raysim.models import ModelConfig
 from raysim.plugins import ALGORITHMS, load_plugin
 from raysim.schedule.config import ScheduleConfig
@@ -211,6 +212,9 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(f"eval.clients: algorithm {cfg.algorithm.name!r} cannot evaluate on clients (it defines no"
                         " evaluate_clients); use eval.clients: none")
     problems += cfg.schedule.problems()
+    problems += _trace_problems(cfg)
+    if cfg.system.availability.kind != "always" and not problems:
+        problems += _availability_problems(cfg)
     if cfg.schedule.scheduled and not problems:
         problems += _schedule_problems(cfg)
     if cfg.privacy is not None and not problems:
@@ -235,6 +239,43 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
                         f" cannot host data.num_clients={cfg.data.num_clients}")
     return problems
+
+
+def _trace_problems(cfg: ExperimentConfig) -> list[str]:
+    """A speed or availability trace that cannot be read, names clients the federation lacks, or is inconsistent."""
+    from raysim.system.traces import availability_trace, speed_trace
+
+    compute, avail, n = cfg.system.compute, cfg.system.availability, cfg.data.num_clients
+    checks = [("system.compute.speed_file", compute.speed_file, speed_trace, compute.speed == "trace"),
+              ("system.availability.file", avail.file, availability_trace, avail.kind == "trace")]
+    problems = []
+    for field, path, read, used in checks:
+        if used and path:
+            try:
+                read(path, n)
+            except DataError as e:
+                problems.append(f"{field}: {e}")
+    return problems
+
+
+def _availability_problems(cfg: ExperimentConfig) -> list[str]:
+    """What keeps `system.availability` from holding for this run."""
+    name, kind = cfg.algorithm.name, cfg.system.availability.kind
+    if not ALGORITHMS.lookup(name).schedulable():
+        return [f"system.availability: algorithm {name!r} chooses its own clients; availability {kind!r} needs an"
+                " algorithm with the uniform sampler (fedavg, fedprox and the FedOpt server optimizers)"]
+    if cfg.system.clock.mode != "virtual":
+        return ["system.availability: clients come and go on the virtual clock; it needs system.clock.mode 'virtual'"]
+    if kind == "trace" and cfg.schedule.scheduled:
+        from raysim.system.traces import availability_trace
+
+        assert cfg.system.availability.file is not None  # AvailabilityConfig: a trace names its file
+        ever = np.unique(availability_trace(cfg.system.availability.file, cfg.data.num_clients)[0]).size
+        c = cfg.schedule.resolved(cfg.algorithm.clients_per_round).concurrency
+        if c is not None and ever < c:
+            return [f"system.availability.file: only {ever} clients are ever online, fewer than schedule.concurrency"
+                    f" {c}"]
+    return []
 
 
 def _schedule_problems(cfg: ExperimentConfig) -> list[str]:

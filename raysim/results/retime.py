@@ -32,7 +32,8 @@ def _check_exact(cfg: ExperimentConfig, which: str) -> None:
     """Refuse a system model under which the kept clients depend on the sampled times."""
     s = cfg.system
     why = ("a deadline" if s.stragglers.deadline is not None else "over-selection" if s.stragglers.over_select
-           else "the real clock" if s.clock.mode != "virtual" else None)
+           else "the real clock" if s.clock.mode != "virtual"
+           else f"availability {s.availability.kind!r}" if s.availability.kind in ("markov", "diurnal", "trace") else None)
     if why is not None:
         raise ConfigError(f"system: {which} has {why}, so which clients are kept depends on the sampled times and"
                           " a retimed run would not be the run it claims to be; run the experiment under it instead")

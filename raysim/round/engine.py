@@ -3,6 +3,7 @@ model -> ledger -> the round's rows. The Ray server actor and the local backend 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Set
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 from raysim.contract import Cost, Costs, EvalData, Plan
 from raysim.core.device import deterministic_cuda
 from raysim.core.rng import SERVER, SETUP, stream
+from raysim.core.sampling import sample_clients
 from raysim.data import FederatedData, read_rows, read_table_arrays
 from raysim.data.row_store import read_rows_of, row_paths
 from raysim.models import DTYPES
@@ -60,6 +62,8 @@ class RoundPlan:
     reduce: bool
     started: float
     broadcast_bytes: int
+    sim_start: float = 0.0  # the simulated time the round starts at
+    available: int | None = None  # clients online at its start (system.availability), when some may not be
 
     @property
     def client_list(self) -> list[int]:
@@ -100,9 +104,31 @@ class RoundEngine:
         t0 = time.perf_counter()
         plan = self.algo.plan(self.state, round, stream(self.cfg.seed, round, SERVER, "plan"))
         keep = self.cfg.algorithm.clients_per_round if self.cfg.system.stragglers.over_select > 0 else None
-        reduce = self.algo.reducible and keep is None and self.cfg.system.clock.mode == "virtual"
+        avail = self.system.availability
+        reduce = self.algo.reducible and keep is None and self.cfg.system.clock.mode == "virtual" and not avail.drops
+        online, start = None, self.ledger.sim_time
+        if avail.restricts:  # the plan's uniform draw, over the clients online when the round starts
+            online, start = self._online(round)
+            chosen = sample_clients(online.size, len(plan.clients), stream(self.cfg.seed, round, SERVER, "plan"))
+            plan = dataclasses.replace(plan, clients=online[chosen])
         clients = np.asarray(plan.clients, dtype=np.int64)
-        return RoundPlan(round, plan, clients, keep, reduce, t0, payload_bytes(plan.broadcast) if clients.size else 0)
+        return RoundPlan(round, plan, clients, keep, reduce, t0, payload_bytes(plan.broadcast) if clients.size else 0,
+                         start, None if online is None else online.size)
+
+    def _online(self, round: int) -> tuple[np.ndarray, float]:
+        """The clients online when `round` can start, and when that is: now, or, with nobody online, when the first
+        client comes online (each try a fresh Bernoulli draw)."""
+        avail, t = self.system.availability, self.ledger.sim_time
+        online = np.flatnonzero(avail.available(t, round, "select"))
+        tries = 0
+        while not online.size:
+            tries += 1
+            t = avail.next_online(t)
+            if t == np.inf:
+                raise RuntimeError(f"system.availability: no client is online at simulated time {self.ledger.sim_time:g}"
+                                   " or later")
+            online = np.flatnonzero(avail.available(t, round, f"select{tries}"))
+        return online, t
 
     def aggregate(self, rp: RoundPlan, results: list[ShardResult], late: Set[int] = frozenset()) -> RoundOutcome:
         """Drop stragglers (unless the real clock already did), aggregate the kept replies in client
@@ -121,6 +147,11 @@ class RoundEngine:
             dropped = np.zeros(len(ids), dtype=bool)
         else:
             dropped, _ = self.system.stragglers(ids, times, rp.keep)
+        phases = None
+        if self.system.availability.drops:  # who goes offline before delivering is dropped before the aggregation
+            gone = self.system.availability.offline_at(ids, rp.sim_start) - rp.sim_start
+            phases = self.system.client_phases(rp.round, times, costs, dropped, rp.keep, gone)
+            dropped = phases.dropped
         # the server's own writable copies: Ray delivers a shard's arrays read-only
         if rp.reduce:
             total = tree_reduce(copy.deepcopy([p for r in results for p in r.parts]), 0, root_size(self.fed.num_clients),
@@ -132,7 +163,9 @@ class RoundEngine:
         rng = stream(self.cfg.seed, rp.round, SERVER, "aggregate")
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
         server_time = self.system.server_compute_time(rp.round, server_cost)
-        timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped, rp.keep)
+        timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped, rp.keep, phases)
+        if rp.sim_start > self.ledger.sim_time:  # the round waited for a client to come online
+            timing = dataclasses.replace(timing, round_time=timing.round_time + rp.sim_start - self.ledger.sim_time)
         totals = self.ledger.add(timing, costs, server_cost, rp.broadcast_bytes * len(rp.clients))
         return RoundOutcome(ids, costs, cpu, timing, totals, sorted(late), server_cost)
 
@@ -192,6 +225,8 @@ class RoundEngine:
             "clients": len(out.arrived) - dropped,
             "selected": len(rp.clients),
             "dropped": dropped + len(out.late),
+            **({} if rp.available is None else {"available": rp.available}),
+            **({} if timing.offline is None else {"offline": int(timing.offline.sum())}),
             **out.totals,
             "server_oracle_calls": out.server_cost.oracle_calls,
             "server_oracle_batches": out.server_cost.oracle_batches,
@@ -218,6 +253,8 @@ class RoundEngine:
             "dropped": np.concatenate([timing.dropped.astype(bool), np.ones(late.size, dtype=bool)]),
             "cpu_s": np.concatenate([np.asarray(out.cpu, dtype=np.float64), np.full(late.size, np.nan)]),
         }
+        if timing.offline is not None:
+            client_rows["offline"] = np.concatenate([timing.offline, np.zeros(late.size, dtype=bool)])
         return row, client_rows, eval_rows
 
 

@@ -80,17 +80,24 @@ class ScheduledEngine:
         """Fill the free slots now with clients drawn uniformly from the eligible ones (the first draw of a version
         is the synchronous round's plan draw), timed by their planned Costs."""
         tl, e = self.timeline, self.engine
+        v, seed, avail = tl.version, self.cfg.seed, e.system.availability
         pool = tl.eligible(e.fed.num_clients)
+        if not pool.size:
+            return
+        draw = tl.starts
+        if avail.restricts:
+            tl.starts += 1
+            pool = pool[avail.available(tl.now, v + 1, f"select{draw}")[pool]]
         n = min(tl.free(), len(pool))
         if n == 0:
             return
-        v, seed = tl.version, self.cfg.seed
-        rng = stream(seed, v + 1, SERVER, "plan" if tl.starts == 0 else f"start{tl.starts}")
+        tl.starts = draw + 1
+        rng = stream(seed, v + 1, SERVER, "plan" if draw == 0 else f"start{draw}")
         clients = pool[sample_clients(len(pool), n, rng)]
         costs = e.algo.plan_costs(clients, Keys(seed, v + 1, clients, "step"))
         times = e.system.client_compute_times(v + 1, clients, costs)
         tasks = tl.start(clients, times, self._services(v + 1, clients, costs.upload_vectors),
-                         [costs.cost(i) for i in range(len(clients))])
+                         [costs.cost(i) for i in range(len(clients))], avail.offline_at(clients, tl.now))
         nbytes = payload_bytes(self._broadcast(v))
         for t in tasks:
             t.download = nbytes
@@ -135,9 +142,13 @@ class ScheduledEngine:
         while not tl.full():
             if tl.settled() and tl.free() > 0:
                 self._start()
-            if not tl.events:
-                raise RuntimeError(f"schedule: no client can start at simulated time {tl.now:g} and none is in flight"
-                                   f" ({len(tl.arrived)} of {tl.buffer} arrivals buffered)")
+            if not tl.events:  # nobody in flight: the clock moves on to when a client comes online
+                wake = e.system.availability.next_online(tl.now) if tl.eligible(e.fed.num_clients).size else np.inf
+                if wake == np.inf:
+                    raise RuntimeError(f"schedule: no client can start at simulated time {tl.now:g} or later and none"
+                                       f" is in flight ({len(tl.arrived)} of {tl.buffer} arrivals buffered)")
+                tl.now = wake
+                continue
             tl.step()
         applied, dropped = tl.update()
         for t in dropped:
@@ -188,8 +199,9 @@ class ScheduledEngine:
             "arrivals": len(tasks),
             "staleness_mean": float(stale.mean()) if stale.size else float("nan"),
             "staleness_max": int(stale.max()) if stale.size else 0,
+            "offline": sum(t.lost for t in out.dropped),
             "in_flight": len(self.timeline.tasks),
-            "available": self.engine.fed.num_clients,
+            "available": int(self.engine.system.availability.available(self.timeline.now, out.round, "available").sum()),
             **out.totals,
             "server_oracle_calls": out.server_cost.oracle_calls,
             "server_oracle_batches": out.server_cost.oracle_batches,
@@ -218,6 +230,7 @@ class ScheduledEngine:
             "upload_time": np.array([t.upload_end - t.compute_end for t in tasks], dtype=np.float64),
             "finish_time": np.array([t.upload_end for t in tasks], dtype=np.float64),
             "dropped": ~applied if len(tasks) else np.zeros(0, dtype=bool),
+            "offline": np.array([t.lost for t in tasks], dtype=bool),
             "cpu_s": np.array([self.cpu.pop(t.seq, np.nan) for t in tasks], dtype=np.float64),
         }
         return row, client_rows, eval_rows

@@ -15,7 +15,7 @@ import numpy as np
 from raysim.contract import Cost
 from raysim.system.queue import CarriedQueue
 
-COMPUTE_END, UPLOAD_END = 0, 1
+COMPUTE_END, UPLOAD_END, OFFLINE = 0, 1, 2
 
 
 @dataclass
@@ -34,6 +34,8 @@ class Task:
     upload_end: float = math.nan
     staleness: int = -1  # server versions since `version` when it arrived
     download: int = 0
+    offline: float = math.inf  # when the client goes offline (system.availability)
+    lost: bool = False  # it went offline before its upload was done
 
     @property
     def compute_end(self) -> float:
@@ -55,7 +57,7 @@ class Timeline:
     tasks: dict[int, Task] = field(default_factory=dict)  # in flight, by seq
     in_flight: set[int] = field(default_factory=set)  # their clients
     resting: set[int] = field(default_factory=set)  # started from the current version, or buffered for its update
-    starts: int = 0  # start instants at the current version
+    starts: int = 0  # draws of clients to start (or of their availability) at the current version
     queue: CarriedQueue = field(default_factory=CarriedQueue)
     arrived: list[Task] = field(default_factory=list)
     dropped: list[Task] = field(default_factory=list)
@@ -76,34 +78,46 @@ class Timeline:
         busy = np.fromiter(self.in_flight | self.resting, dtype=np.int64)
         return np.setdiff1d(np.arange(num_clients, dtype=np.int64), busy, assume_unique=True)
 
-    def start(self, clients: np.ndarray, compute_times: np.ndarray, services: np.ndarray, costs: list[Cost]) -> list[Task]:
-        """Start `clients` now from the current version; their compute times and upload services are sampled."""
+    def start(self, clients: np.ndarray, compute_times: np.ndarray, services: np.ndarray, costs: list[Cost],
+              offline: np.ndarray) -> list[Task]:
+        """Start `clients` now from the current version; their compute times, upload services and the times they go
+        offline (inf: not before they are done) are sampled."""
         out = []
-        for c, t, s, cost in zip(clients.tolist(), compute_times.tolist(), services.tolist(), costs):
-            task = Task(self.next_seq, c, self.version, self.now, t, s, cost)
+        for c, t, s, cost, gone in zip(clients.tolist(), compute_times.tolist(), services.tolist(), costs,
+                                       offline.tolist()):
+            task = Task(self.next_seq, c, self.version, self.now, t, s, cost, offline=gone)
             self.next_seq += 1
             self.tasks[task.seq] = task
             self.in_flight.add(c)
             self.resting.add(c)
-            heapq.heappush(self.events, (task.compute_end, c, COMPUTE_END, task.seq))
+            self._next(task, task.compute_end, COMPUTE_END)
             out.append(task)
-        self.starts += 1
         return out
 
+    def _next(self, task: Task, at: float, kind: int) -> None:
+        """Schedule `task`'s next event at `at`, or its going offline if that comes first."""
+        if task.offline < at:
+            at, kind = task.offline, OFFLINE
+        heapq.heappush(self.events, (at, task.client, kind, task.seq))
+
     def step(self) -> None:
-        """Process the next event: a compute end queues the upload; an upload end is an arrival, buffered or, staler
-        than `max_staleness`, dropped, and frees its slot."""
+        """Process the next event: a compute end queues the upload (which holds the uplink for its service even if the
+        client then goes offline); an upload end is an arrival, buffered or, staler than `max_staleness`, dropped;
+        a client going offline first is dropped as lost. Each of the last three frees a slot."""
         time, client, kind, seq = heapq.heappop(self.events)
         self.now = time
         task = self.tasks[seq]
         if kind == COMPUTE_END:
             task.upload_end = self.queue.depart(time, task.service)
-            heapq.heappush(self.events, (task.upload_end, client, UPLOAD_END, seq))
+            self._next(task, task.upload_end, UPLOAD_END)
             return
         del self.tasks[seq]
         self.in_flight.discard(client)
         task.staleness = self.version - task.version
-        if self.max_staleness is not None and task.staleness > self.max_staleness:
+        if kind == OFFLINE:
+            task.lost = True
+            self.dropped.append(task)
+        elif self.max_staleness is not None and task.staleness > self.max_staleness:
             self.dropped.append(task)
         else:
             self.arrived.append(task)

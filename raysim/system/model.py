@@ -14,9 +14,11 @@ import numpy as np
 
 from raysim.contract import Cost, Costs, as_costs
 from raysim.core.rng import SERVER, stream
+from raysim.system.availability import Availability
 from raysim.system.compute import compute_time, speed_factors
 from raysim.system.config import SystemConfig
 from raysim.system.queue import burke_completions, explicit_completions
+from raysim.system.traces import speed_trace
 
 
 PREFIX_DRAWS = 1 << 22  # client ids below this take their compute-time uniforms from one prefix draw
@@ -40,6 +42,18 @@ class RoundTiming:
     server_phase: float
     round_time: float
     gamma: float
+    offline: np.ndarray | None = None  # dropped for going offline mid-round (system.availability), when it can
+
+
+@dataclass
+class ClientPhases:
+    """A round's clients' side: when the compute phase ends, each client's upload completion offset (0 without
+    one), who is dropped (stragglers, and clients gone offline before their upload was done) and who went offline."""
+
+    compute_phase: float
+    upload: np.ndarray
+    dropped: np.ndarray
+    offline: np.ndarray
 
 
 class SystemModel:
@@ -49,8 +63,12 @@ class SystemModel:
         self.cfg = cfg
         self.seed = seed
         self.num_clients = num_clients
+        c = cfg.compute
         # lognormal factors are one draw for every client; equal speeds need no array (10^8 clients: 800 MB)
-        self.speed = speed_factors(num_clients, cfg.compute.speed_sigma, seed) if cfg.compute.speed == "lognormal" else None
+        self.speed: float | np.ndarray = (speed_factors(num_clients, c.speed_sigma, seed) if c.speed == "lognormal" else
+                                          speed_trace(c.speed_file, num_clients) if c.speed == "trace" and c.speed_file else
+                                          c.speed_factor if c.speed == "constant" else 1.0)
+        self.availability = Availability(cfg.availability, seed, num_clients)
 
     def calls(self, cost: Cost) -> int:
         """Oracle calls of a cost in the configured unit: per-sample calls or minibatch steps."""
@@ -72,7 +90,7 @@ class SystemModel:
         c = self.cfg.compute
         idx = np.asarray(clients, dtype=np.int64)
         calls = self.calls_of(as_costs(costs)).astype(float)
-        speed = 1.0 if self.speed is None else self.speed[idx]
+        speed = self.speed[idx] if isinstance(self.speed, np.ndarray) else self.speed
         u = self.compute_uniforms(round, idx) if uniforms is None else uniforms
         return np.atleast_1d(compute_time(calls, u, c.shift, c.rate, speed, c.times == "fixed"))
 
@@ -126,6 +144,35 @@ class SystemModel:
             return float(deadline)
         return float(kept.max()) if kept.size else 0.0
 
+    def client_phases(self, round: int, compute_times: np.ndarray, costs: Costs | list[Cost], dropped: np.ndarray,
+                      keep: int | None = None, offline_after: np.ndarray | None = None) -> ClientPhases:
+        """The compute phase's end and the kept clients' uploads through the round's queue; with `offline_after`
+        (when each client goes offline, from the round's start), a client offline before its compute ends is
+        dropped before the uploads are queued, and one offline before its upload is done is dropped after (it held
+        the uplink until then)."""
+        comm = self.cfg.comm
+        times = np.asarray(compute_times, dtype=float)
+        dropped = np.array(dropped, dtype=bool)
+        offline = np.zeros(times.size, dtype=bool)
+        if offline_after is not None:
+            offline = ~dropped & (offline_after < times)
+            dropped |= offline
+        costs = as_costs(costs)
+        sizes = np.where(dropped, 0.0, costs.upload_vectors) if len(costs) else np.zeros(0)
+        rng = stream(self.seed, round, SERVER, "upload")
+        if comm.mode == "burke":
+            upload = burke_completions(sizes, comm.phi, rng)
+        else:
+            upload = explicit_completions(sizes, comm.phi, comm.nu, rng)
+        compute_phase = self._compute_phase_end(times, dropped, keep)
+        if offline_after is not None:
+            if offline.any():  # the server learns that a client left when it leaves
+                compute_phase = max(compute_phase, float(np.max(offline_after[offline])))
+            lost = (sizes > 0) & (offline_after < compute_phase + upload)
+            offline |= lost
+            dropped |= lost
+        return ClientPhases(compute_phase, upload, dropped, offline)
+
     def close_round(
         self,
         round: int,
@@ -136,37 +183,33 @@ class SystemModel:
         server_time: float,
         dropped: np.ndarray,
         keep: int | None = None,
+        phases: ClientPhases | None = None,
     ) -> RoundTiming:
         """Queue the kept clients' uploads and add the phases: compute, comm, server (25); `keep` is
-        the over-selection target the stragglers were chosen with (the compute phase ends at its reply).
+        the over-selection target the stragglers were chosen with (the compute phase ends at its reply);
+        `phases`: the clients' side, taken already (`client_phases`, with availability).
 
-        Gamma = b_t + phi * (kept clients' upload vectors), b_t = max kept client's calls + server calls
+        Gamma = b_t + phi * (delivered upload vectors), b_t = max kept client's calls + server calls
         (Definition 1; with phi = 0 it is the raw count of oracle calls in the configured unit). A client dropped at
-        the deadline or by over-selection delivers nothing, so its calls are not on the round's path.
+        the deadline, by over-selection or offline delivers nothing, so its calls are not on the round's path.
         """
-        comm = self.cfg.comm
         times = np.asarray(compute_times, dtype=float)
-        dropped = np.asarray(dropped, dtype=bool)
         costs = as_costs(costs)
-        sizes = np.where(dropped, 0.0, costs.upload_vectors) if len(costs) else np.zeros(0)
-        rng = stream(self.seed, round, SERVER, "upload")
-        if comm.mode == "burke":
-            upload = burke_completions(sizes, comm.phi, rng)
-        else:
-            upload = explicit_completions(sizes, comm.phi, comm.nu, rng)
-        compute_phase = self._compute_phase_end(times, dropped, keep)
-        comm_phase = float(upload.max()) if upload.size else 0.0
-        finish = np.where(sizes > 0, compute_phase + upload, times)
-        kept = self.calls_of(costs)[~dropped] if len(costs) else np.zeros(0, dtype=np.int64)
+        ph = phases or self.client_phases(round, times, costs, dropped, keep)
+        delivered = np.where(ph.dropped, 0.0, costs.upload_vectors) if len(costs) else np.zeros(0)
+        comm_phase = float(ph.upload.max()) if ph.upload.size else 0.0
+        finish = np.where(delivered > 0, ph.compute_phase + ph.upload, times)
+        kept = self.calls_of(costs)[~ph.dropped] if len(costs) else np.zeros(0, dtype=np.int64)
         b_t = (int(kept.max()) if kept.size else 0) + self.calls(server_cost)
         return RoundTiming(
             compute_time=times,
-            upload_time=upload,
+            upload_time=np.where(ph.offline, 0.0, ph.upload),
             finish_time=finish,
-            dropped=dropped,
-            compute_phase=compute_phase,
+            dropped=ph.dropped,
+            compute_phase=ph.compute_phase,
             comm_phase=comm_phase,
             server_phase=float(server_time),
-            round_time=compute_phase + comm_phase + float(server_time),
-            gamma=b_t + comm.phi * float(sizes.sum()),
+            round_time=ph.compute_phase + comm_phase + float(server_time),
+            gamma=b_t + self.cfg.comm.phi * float(delivered.sum()),
+            offline=ph.offline if phases is not None else None,
         )

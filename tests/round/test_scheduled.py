@@ -91,11 +91,64 @@ def test_an_async_run_resumes_mid_run_to_the_same_numbers(tmp_path):
         same(x, y, [c for c in x.columns if c not in HOST_COLUMNS])
 
 
-def test_buffered_is_bitwise_the_same_on_ray_for_every_packing(ray_cluster, tmp_path):
-    over = {"schedule": {"kind": "buffered", "concurrency": 7, "buffer": 3}, "eval": {"every": 2, "clients": "selected"}}
+MARKOV = {"compute": {"unit": "batch"}, "availability": {"kind": "markov", "mean_on": 15.0, "mean_off": 10.0}}
+
+
+def online_at_start(result, **system):
+    """Whether each client row's client was online when it started, by the run's own availability model."""
+    from raysim.system.availability import Availability
+    from raysim.system.config import SystemConfig
+
+    avail = Availability(SystemConfig(**system).availability, BASE["seed"], BASE["data"]["num_clients"])
+    rows = result.clients.sort_values("start_time", kind="stable")
+    return np.array([avail.available(t, 0)[c] for c, t in zip(rows["client_id"], rows["start_time"])])
+
+
+def test_clients_start_only_online_and_one_that_leaves_never_delivers(tmp_path):
+    res = run(tmp_path, "markov", system=MARKOV, schedule={"kind": "buffered", "concurrency": 6, "buffer": 3},
+              algorithm={**BASE["algorithm"], "rounds": 12})
+    assert online_at_start(res, **MARKOV).all()
+    lost = res.clients[res.clients["offline"]]
+    assert len(lost) and lost["dropped"].all() and (lost["version_applied"] == -1).all()
+    assert res.rounds["offline"].sum() == len(lost) and res.rounds["clients"].eq(3).all()
+    assert (res.rounds["available"] < BASE["data"]["num_clients"]).any()
+
+
+def test_synchronous_rounds_select_online_clients_and_drop_those_that_leave(tmp_path):
+    system = {"compute": {"unit": "batch"}, "availability": {"kind": "diurnal", "period": 40.0, "on_fraction": 0.5}}
+    res = run(tmp_path, "diurnal", system=system)
+    from raysim.system.availability import Availability
+    from raysim.system.config import AvailabilityConfig
+
+    avail = Availability(AvailabilityConfig(**system["availability"]), BASE["seed"], BASE["data"]["num_clients"])
+    starts = np.r_[0.0, res.rounds["sim_time"].to_numpy()[:-1]]
+    for r, t in enumerate(starts, start=1):
+        chosen = res.clients.loc[res.clients["round"] == r, "client_id"].to_numpy()
+        assert avail.available(t, r)[chosen].all()
+        assert res.rounds.loc[r - 1, "available"] == avail.available(t, r).sum()
+    gone = res.clients[res.clients["offline"]]
+    assert len(gone) and gone["dropped"].all() and (gone["upload_bytes"] == 0).all()
+
+
+def test_a_speed_trace_divides_each_clients_compute_time(tmp_path):
+    trace = tmp_path / "speed.csv"
+    trace.write_text("client_id,speed\n" + "".join(f"{c},{1 + c % 3}\n" for c in range(20)))
+    fixed = {"unit": "batch", "times": "fixed", "shift": 1.0, "rate": 1.0}
+    res = run(tmp_path, "traced", system={"compute": {**fixed, "speed": "trace", "speed_file": str(trace)}})
+    c = res.clients
+    np.testing.assert_allclose(c["compute_time"], c["oracle_batches"] * 2.0 / (1 + c["client_id"] % 3), rtol=1e-15)
+
+
+@pytest.mark.parametrize("schedule, packings", [
+    ({"kind": "buffered", "concurrency": 7, "buffer": 3}, (2, 3)),
+    ({"kind": "sync"}, (2,)),
+], ids=["buffered", "sync"])
+def test_with_availability_the_tables_are_bitwise_the_same_on_ray_for_every_packing(ray_cluster, tmp_path, schedule,
+                                                                                    packings):
+    over = {"schedule": schedule, "eval": {"every": 2, "clients": "selected"}, "system": MARKOV}
     local = run(tmp_path, "local", **over)
-    assert local.rounds["staleness_max"].max() > 0
-    for actors in (2, 3):
+    assert local.clients["offline"].any()
+    for actors in packings:
         on_ray = raysim.run({**BASE, **over, "backend": "ray"}, out=tmp_path / f"ray{actors}", progress=False,
                             cluster__num_actors=actors)
         for table in ("rounds", "clients"):

@@ -45,8 +45,24 @@ def test_defaults_are_the_papers():
     ({"kind": "async"}, {"privacy": {"clip": 1.0, "noise_multiplier": 1.0}}, "privacy: DP-FedAvg's accounting"),
     ({"kind": "buffered"}, {"system": {"stragglers": {"deadline": 5.0}}}, "system.stragglers"),
     ({"kind": "semi"}, {}, "schedule.kind"),
+    ({"kind": "sync"}, {"algorithm": {"name": "scaffold", "rounds": 3, "clients_per_round": 5},
+                        "system": {"availability": {"kind": "markov"}}}, "system.availability: algorithm 'scaffold'"),
+    ({"kind": "sync"}, {"system": {"availability": {"kind": "trace"}}}, "trace needs file"),
 ])
 def test_a_schedule_mistake_is_one_line_naming_the_field(schedule, extra, named):
     with pytest.raises(ConfigError) as err:
         load_config({**BASE, **extra, "schedule": schedule})
     assert named in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def test_a_trace_is_checked_before_the_run_against_the_federation(tmp_path):
+    avail = tmp_path / "avail.csv"
+    avail.write_text("client_id,start,end\n0,0,10\n1,0,10\n2,5,10\n")
+    few = {**BASE, "system": {"availability": {"kind": "trace", "file": str(avail)}},
+           "schedule": {"kind": "async", "concurrency": 4}}
+    with pytest.raises(ConfigError, match="only 3 clients are ever online, fewer than schedule.concurrency 4"):
+        load_config(few)
+    speed = tmp_path / "speed.csv"
+    speed.write_text("client_id,speed\n" + "".join(f"{c},1.0\n" for c in range(21)))
+    with pytest.raises(ConfigError, match=r"system.compute.speed_file: .*speed.csv: row 20 names client 20"):
+        load_config({**BASE, "system": {"compute": {"speed": "trace", "speed_file": str(speed)}}})
