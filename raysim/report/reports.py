@@ -10,6 +10,7 @@ import numpy as np
 
 from raysim import plugins
 from raysim.report.figures import AXES, METRICS, metric_columns, save_figure, tidy_x, wants_log
+from raysim.report.schedule import plot_schedule
 from raysim.report.timeline import plot_timeline
 from raysim.results import RunResult
 
@@ -77,7 +78,8 @@ def report(run_dir: str | Path) -> list[Path]:
     """Write every plot of a run directory; returns the files written."""
     result = RunResult.load(run_dir)
     written = plot_metrics(result)
-    timeline, per_client = plot_timeline(result), plot_client_eval(result)
+    timeline = plot_schedule(result) or plot_timeline(result)  # one clock, or a round's own
+    per_client = plot_client_eval(result)
     written += [p for p in (timeline, per_client) if p]
     plugins.load_builtin()
     for module in list(plugins.REPORT_MODULES):

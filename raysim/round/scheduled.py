@@ -1,5 +1,5 @@
-"""Server updates under the buffered (FedBuff, Nguyen et al., 2022) and async (FedAsync, Xie et al., 2019)
-schedules, without Ray: the event-driven clock (raysim.schedule.timeline) times each client task when it starts,
+"""Server updates under the buffered (FedBuff, Nguyen et al., 2022), async (FedAsync, Xie et al., 2019) and
+semi_sync (rounds of a fixed simulated period, late updates applied later) schedules, without Ray: the event-driven clock (raysim.schedule.timeline) times each client task when it starts,
 from the Costs its step will have (`plan_costs`); the tasks that start from one server version train together, on
 the backend's shards, when the first of them is needed; every `buffer` arrivals, their replies, weighed by their
 staleness (`stale`), are summed along the fixed tree over client ids and aggregated.
@@ -76,8 +76,8 @@ class ScheduledEngine:
             self.broadcasts[version] = plan.broadcast
         return self.broadcasts[version]
 
-    def _start(self) -> None:
-        """Fill the free slots now with clients drawn uniformly from the eligible ones (the first draw of a version
+    def _start(self, limit: int) -> None:
+        """Start up to `limit` clients now, drawn uniformly from the eligible online ones (the first draw of a version
         is the synchronous round's plan draw), timed by their planned Costs."""
         tl, e = self.timeline, self.engine
         v, seed, avail = tl.version, self.cfg.seed, e.system.availability
@@ -88,7 +88,7 @@ class ScheduledEngine:
         if avail.restricts:
             tl.starts += 1
             pool = pool[avail.available(tl.now, v + 1, f"select{draw}")[pool]]
-        n = min(tl.free(), len(pool))
+        n = min(limit, len(pool))
         if n == 0:
             return
         tl.starts = draw + 1
@@ -133,15 +133,13 @@ class ScheduledEngine:
                 self.replies[task.seq] = r.replies[i]
                 self.cpu[task.seq] = float(r.cpu_seconds[i])
 
-    def advance(self, round: int, train: Trainer) -> UpdateOutcome:
-        """Run the clock to server update `round`: clients start in free slots at each instant once its events are
-        processed, compute, queue and arrive, until `buffer` arrivals are in; then the update."""
-        t0 = time.perf_counter()
+    def _until_buffered(self) -> None:
+        """Run the clock until `buffer` arrivals are in: clients start in free slots at each instant once its events
+        are processed, compute, queue and arrive (buffered and async)."""
         tl, e = self.timeline, self.engine
-        before = tl.updated_at
         while not tl.full():
             if tl.settled() and tl.free() > 0:
-                self._start()
+                self._start(tl.free())
             if not tl.events:  # nobody in flight: the clock moves on to when a client comes online
                 wake = e.system.availability.next_online(tl.now) if tl.eligible(e.fed.num_clients).size else np.inf
                 if wake == np.inf:
@@ -150,6 +148,28 @@ class ScheduledEngine:
                 tl.now = wake
                 continue
             tl.step()
+
+    def _until_period(self) -> None:
+        """Run the clock through one semi_sync round: clients_per_round clients start when it opens, and it closes
+        `period` later with whatever arrived (stragglers of earlier rounds included)."""
+        tl = self.timeline
+        assert self.schedule.period is not None  # ScheduleConfig.problems: semi_sync has a period
+        if tl.starts == 0:
+            self._start(self.cfg.algorithm.clients_per_round)
+        close = tl.updated_at + self.schedule.period
+        while tl.events and tl.events[0][0] <= close:
+            tl.step()
+        tl.now = close
+
+    def advance(self, round: int, train: Trainer) -> UpdateOutcome:
+        """Run the clock to server update `round` (`buffer` arrivals, or a semi_sync round's period), then apply it."""
+        t0 = time.perf_counter()
+        tl, e = self.timeline, self.engine
+        before = tl.updated_at
+        if self.schedule.kind == "semi_sync":
+            self._until_period()
+        else:
+            self._until_buffered()
         applied, dropped = tl.update()
         for t in dropped:
             self.untrained.get(t.version, {}).pop(t.seq, None)
@@ -197,7 +217,7 @@ class ScheduledEngine:
             "selected": out.started,
             "dropped": len(out.dropped),
             "arrivals": len(tasks),
-            "staleness_mean": float(stale.mean()) if stale.size else float("nan"),
+            "staleness_mean": float(stale.mean()) if stale.size else 0.0,  # 0 with none applied: NaN reads as divergence
             "staleness_max": int(stale.max()) if stale.size else 0,
             "offline": sum(t.lost for t in out.dropped),
             "in_flight": len(self.timeline.tasks),
@@ -228,7 +248,8 @@ class ScheduledEngine:
             "compute_time": np.array([t.compute for t in tasks], dtype=np.float64),
             "compute_end": np.array([t.compute_end for t in tasks], dtype=np.float64),
             "upload_time": np.array([t.upload_end - t.compute_end for t in tasks], dtype=np.float64),
-            "finish_time": np.array([t.upload_end for t in tasks], dtype=np.float64),
+            "finish_time": np.array([np.nan if t.lost else t.upload_end for t in tasks], dtype=np.float64),
+            "end_time": np.array([t.ended for t in tasks], dtype=np.float64),
             "dropped": ~applied if len(tasks) else np.zeros(0, dtype=bool),
             "offline": np.array([t.lost for t in tasks], dtype=bool),
             "cpu_s": np.array([self.cpu.pop(t.seq, np.nan) for t in tasks], dtype=np.float64),

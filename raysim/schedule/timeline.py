@@ -36,6 +36,7 @@ class Task:
     download: int = 0
     offline: float = math.inf  # when the client goes offline (system.availability)
     lost: bool = False  # it went offline before its upload was done
+    ended: float = math.nan  # when it left its slot: its arrival, or its going offline
 
     @property
     def compute_end(self) -> float:
@@ -113,7 +114,7 @@ class Timeline:
             return
         del self.tasks[seq]
         self.in_flight.discard(client)
-        task.staleness = self.version - task.version
+        task.staleness, task.ended = self.version - task.version, time
         if kind == OFFLINE:
             task.lost = True
             self.dropped.append(task)

@@ -71,6 +71,26 @@ def test_arrivals_come_at_mu_c_and_fedbuffs_staleness_is_c_minus_1_over_k(tmp_pa
     assert abs(batches.mean() / ((c - 1) / k) - 1) < 0.1
 
 
+def test_semi_sync_with_a_period_longer_than_every_task_is_synchronous_fedavg(tmp_path):
+    """Every client done within the period: nothing arrives late, so each round applies its own clients unweighted."""
+    sync = run(tmp_path, "sync", system=EQUAL_TIMES)
+    semi = run(tmp_path, "semi", system=EQUAL_TIMES, schedule={"kind": "semi_sync", "period": 10.0})
+    same(sync.rounds, semi.rounds, MODEL + ["clients"])
+    np.testing.assert_array_equal(semi.rounds["sim_time"], 10.0 * np.arange(1, 7))  # closed every period
+
+
+def test_semi_sync_applies_late_updates_in_a_later_round_with_their_staleness(tmp_path):
+    res = run(tmp_path, "late", schedule={"kind": "semi_sync", "period": 6.0}, algorithm={**BASE["algorithm"], "rounds": 10})
+    c = res.clients
+    late = c[c["staleness"] > 0]
+    assert len(late) and (late["version_applied"] == late["version_sent"] + 1 + late["staleness"]).all()
+    assert (c["finish_time"] <= 6.0 * c["round"]).all() and (c["finish_time"] > 6.0 * (c["round"] - 1)).all()
+    assert (res.rounds["round_sim_time"] == 6.0).all()
+    dropped = run(tmp_path, "drop", schedule={"kind": "semi_sync", "period": 6.0, "max_staleness": 0},
+                  algorithm={**BASE["algorithm"], "rounds": 10})
+    assert dropped.clients["dropped"].sum() == (dropped.clients["staleness"] > 0).sum() > 0
+
+
 def test_a_stale_update_beyond_max_staleness_is_dropped_and_counted(tmp_path):
     res = run(tmp_path, "drop", schedule={"kind": "async", "concurrency": 8, "max_staleness": 2})
     dropped = res.clients[res.clients["dropped"]]
