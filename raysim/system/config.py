@@ -1,9 +1,15 @@
 """Pydantic models of the YAML `system:` section (the README's "The system model": Erlang compute, M/M/1 uploads)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def _absolute_path(path: str | None) -> str | None:
+    """A trace file's path made absolute where the config is read (the driver), so every process finds the file."""
+    return None if path is None else str(Path(path).expanduser().resolve())
 
 
 class ComputeConfig(BaseModel):
@@ -26,6 +32,11 @@ class ComputeConfig(BaseModel):
     speed_sigma: float = Field(0.5, ge=0)
     speed_factor: float = Field(1.0, gt=0, description="speed: constant")
     speed_file: str | None = Field(None, description="speed: trace, a Parquet or CSV file of client_id, speed")
+
+    @field_validator("speed_file")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        return _absolute_path(v)
 
     @model_validator(mode="after")
     def _trace_named(self) -> "ComputeConfig":
@@ -51,6 +62,11 @@ class AvailabilityConfig(BaseModel):
     period: float = Field(24.0, gt=0, description="diurnal: the cycle, in simulated time")
     on_fraction: float = Field(0.5, gt=0, le=1, description="diurnal: the share of each cycle a client is online")
     file: str | None = Field(None, description="trace: a Parquet or CSV file of client_id, start, end")
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        return _absolute_path(v)
 
     @model_validator(mode="after")
     def _trace_named(self) -> "AvailabilityConfig":

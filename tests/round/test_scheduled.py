@@ -18,6 +18,7 @@ BASE = {
 }
 MODEL = ["test_accuracy", "test_loss", "train_loss", "oracle_calls", "upload_bytes", "download_bytes"]
 EQUAL_TIMES = {"compute": {"unit": "batch", "times": "fixed", "shift": 1.0, "rate": 2.0}, "comm": {"phi": 0.0}}
+MARKOV = {"compute": {"unit": "batch"}, "availability": {"kind": "markov", "mean_on": 15.0, "mean_off": 10.0}}
 
 
 def run(tmp_path, name, **over):
@@ -100,8 +101,10 @@ def test_a_stale_update_beyond_max_staleness_is_dropped_and_counted(tmp_path):
     assert res.rounds["arrivals"].sum() == len(res.clients)
 
 
-def test_an_async_run_resumes_mid_run_to_the_same_numbers(tmp_path):
-    over = {"schedule": {"kind": "buffered", "concurrency": 7, "buffer": 3}, "checkpoint": {"every": 2}}
+def test_a_buffered_run_resumes_mid_run_to_the_same_numbers(tmp_path):
+    """Tasks in flight, trained and not, the carried queue and the Markov availability all come back."""
+    over = {"schedule": {"kind": "buffered", "concurrency": 7, "buffer": 3}, "checkpoint": {"every": 2},
+            "system": MARKOV}
     whole = run(tmp_path, "whole", **over)
     part = raysim.run({**BASE, **over}, out=tmp_path / "part", progress=False, on_round=lambda row: row["round"] < 3)
     assert part.info["status"] == "stopped"
@@ -111,7 +114,6 @@ def test_an_async_run_resumes_mid_run_to_the_same_numbers(tmp_path):
         same(x, y, [c for c in x.columns if c not in HOST_COLUMNS])
 
 
-MARKOV = {"compute": {"unit": "batch"}, "availability": {"kind": "markov", "mean_on": 15.0, "mean_off": 10.0}}
 
 
 def online_at_start(result, **system):
