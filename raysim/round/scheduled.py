@@ -1,8 +1,10 @@
 """Server updates under the buffered (FedBuff, Nguyen et al., 2022), async (FedAsync, Xie et al., 2019) and
-semi_sync (rounds of a fixed simulated period, late updates applied later) schedules, without Ray: the event-driven clock (raysim.schedule.timeline) times each client task when it starts,
-from the Costs its step will have (`plan_costs`); the tasks that start from one server version train together, on
-the backend's shards, when the first of them is needed; every `buffer` arrivals, their replies, weighed by their
-staleness (`stale`), are summed along the fixed tree over client ids and aggregated.
+semi_sync (rounds of a fixed simulated period, late updates applied later) schedules, without Ray.
+
+The event-driven clock (raysim.schedule.timeline) times each client task when it starts, from the Costs its step
+will have (`plan_costs`); the tasks that start from one server version train together, on the backend's shards,
+when the first of them is needed; at each update the arrivals' replies, weighed by their staleness (`stale`), are
+summed along the fixed tree over client ids and aggregated.
 
 Every draw is keyed by (seed, version + 1, client, purpose), the key of the synchronous round that would train
 from that version, so with equal compute times and C = K = clients a round the buffered schedule trains and
@@ -21,6 +23,7 @@ import numpy as np
 from raysim.contract import Cost
 from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
+from raysim.core.sampling import sample_clients
 from raysim.round.engine import RoundEngine
 from raysim.round.reduction import root_size, tree_reduce
 from raysim.round.shard import ShardResult
@@ -28,7 +31,6 @@ from raysim.schedule import staleness_weight
 from raysim.schedule.timeline import Task, Timeline
 from raysim.storage import checkpoint
 from raysim.system import payload_bytes
-from raysim.core.sampling import sample_clients
 
 Trainer = Callable[[int, list[int], Any], list[ShardResult]]  # (round key, clients in id order, broadcast) -> results
 
@@ -50,7 +52,7 @@ class UpdateOutcome:
 
 
 class ScheduledEngine:
-    """The buffered and async schedules over a RoundEngine's algorithm, state, system model and ledger."""
+    """The buffered, async and semi_sync schedules over a RoundEngine's algorithm, state, system model and ledger."""
 
     def __init__(self, engine: RoundEngine):
         self.engine = engine
@@ -72,7 +74,8 @@ class ScheduledEngine:
     def _broadcast(self, version: int) -> Any:
         """What a client starting from `version` receives: the broadcast of the synchronous round version + 1."""
         if version not in self.broadcasts:
-            plan = self.engine.algo.plan(self.states[version], version + 1, stream(self.cfg.seed, version + 1, SERVER, "plan"))
+            rng = stream(self.cfg.seed, version + 1, SERVER, "plan")
+            plan = self.engine.algo.plan(self.states[version], version + 1, rng)
             self.broadcasts[version] = plan.broadcast
         return self.broadcasts[version]
 
