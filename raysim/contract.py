@@ -300,6 +300,13 @@ class Algorithm:
         raise NotImplementedError
 
     @classmethod
+    def metric_names(cls, cfg: ExperimentConfig) -> frozenset[str] | None:
+        """The metrics `evaluate` and `round_metrics` can give in experiment `cfg`, checked against the callbacks'
+        `metric` before the run; None (the default): not declared, a misspelled metric is found at the first
+        evaluated round instead."""
+        return None
+
+    @classmethod
     def evaluates_clients(cls) -> bool:
         """Whether this algorithm defines federated evaluation (`evaluate_clients` and `eval_payload`)."""
         return cls.evaluate_clients is not Algorithm.evaluate_clients and cls.eval_payload is not Algorithm.eval_payload

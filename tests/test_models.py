@@ -6,7 +6,8 @@ from raysim.models import ModelConfig, ParamSpec, build_model, initial_vector
 
 
 @pytest.mark.parametrize("name,feature_shape,image_shape", [
-    ("logreg", (64,), None), ("mlp", (64,), None), ("cnn", (64,), (1, 8, 8)), ("cnn", (40,), (1, 40))])
+    ("logreg", (64,), None), ("mlp", (64,), None), ("cnn", (64,), (1, 8, 8)), ("cnn", (40,), (1, 40)),
+    ("cnn", (9,), (1, 3, 3)), ("cnn", (2,), (2, 1))])  # pooled while the map is 2 wide, then not
 def test_models_map_features_to_class_logits(name, feature_shape, image_shape):
     module = build_model(ModelConfig(name=name), feature_shape, image_shape, 10)
     assert module(torch.zeros(5, *feature_shape)).shape == (5, 10)

@@ -37,15 +37,45 @@ def config_tree(run: RunContext) -> dict[str, Any]:
     return yaml.safe_load((run.run_dir / "config.yaml").read_text())
 
 
-def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """A nested config as {dotted.key: value as text}, the form of MLflow's params."""
-    out: dict[str, str] = {}
+UNTRACKED = ("cluster", "checkpoint", "callbacks", "sweep", "plugins", "command", "backend", "faults")
+# a field logged only when the field it depends on has one of these values (the rest are the unused parts' defaults)
+WHEN = {
+    "data.synthetic_": ("data.source", ("synthetic",)),
+    "data.mnist1d_": ("data.source", ("mnist1d",)),
+    "data.partition.alpha": ("data.partition.kind", ("dirichlet", "dirichlet_classes")),
+    "data.partition.shards_per_client": ("data.partition.kind", ("shards",)),
+    "data.partition.quantity_sigma": ("data.partition.kind", ("quantity",)),
+    "model.hidden": ("model.name", ("mlp",)),
+    "model.channels": ("model.name", ("cnn",)),
+    "system.comm.nu": ("system.comm.mode", ("explicit",)),
+    "system.compute.speed_sigma": ("system.compute.speed", ("lognormal",)),
+    "system.compute.speed_factor": ("system.compute.speed", ("constant",)),
+    "system.clock.time_scale": ("system.clock.mode", ("real",)),
+    "system.availability.p": ("system.availability.kind", ("bernoulli",)),
+    "system.availability.mean_": ("system.availability.kind", ("markov",)),
+    "system.availability.period": ("system.availability.kind", ("diurnal",)),
+    "system.availability.on_fraction": ("system.availability.kind", ("diurnal",)),
+    "schedule.alpha": ("schedule.kind", ("async",)),
+}
+
+
+def tracked(tree: dict[str, Any]) -> dict[str, Any]:
+    """The params a tracker logs, by dotted key: the config's fields that decide the run's numbers, without the
+    layout and bookkeeping sections (UNTRACKED), unset fields, or the settings of parts the run does not use (WHEN)."""
+    params = flat({k: v for k, v in tree.items() if k not in UNTRACKED})
+    return {k: v for k, v in params.items() if v is not None and v != [] and v != {}
+            and all(params.get(on) in values for prefix, (on, values) in WHEN.items() if k.startswith(prefix))}
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted.key: value}."""
+    out: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
             out.update(flat(value, name + "."))
         else:
-            out[name] = str(value)
+            out[name] = value
     return out
 
 
@@ -62,7 +92,7 @@ class Wandb(Callback):
         import wandb
 
         self.run = wandb.init(mode="offline", dir=str(run.run_dir), project=self.project,
-                              name=self.name or run.run_dir.name, config=config_tree(run),
+                              name=self.name or run.run_dir.name, config=tracked(config_tree(run)),
                               settings=wandb.Settings(console="off"))  # leave stdout/stderr (the progress) unwrapped
 
     def on_round_end(self, row: dict, server: ServerView) -> bool | None:
@@ -98,7 +128,7 @@ class Mlflow(Callback):
         experiment_id = found.experiment_id if found is not None else self.client.create_experiment(name)
         self.run_id = self.client.create_run(experiment_id, run_name=self.run_name or run.run_dir.name,
                                              tags={"raysim.run_dir": str(run.run_dir.resolve())}).info.run_id
-        params = [Param(k, v) for k, v in flat(config_tree(run)).items()]
+        params = [Param(k, str(v)) for k, v in tracked(config_tree(run)).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 

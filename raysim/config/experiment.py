@@ -6,6 +6,7 @@ algorithm's own hyperparameters are checked against the `Params` class it regist
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from collections.abc import Hashable
@@ -25,6 +26,7 @@ from raysim.models import ModelConfig
 from raysim.plugins import ALGORITHMS, load_plugin
 from raysim.schedule.config import ScheduleConfig
 from raysim.system.config import SystemConfig
+from raysim.system.ledger import Ledger
 
 
 class AlgorithmConfig(BaseModel):
@@ -208,6 +210,8 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(
             f"algorithm.clients_per_round: {cfg.algorithm.clients_per_round} clients a round"
             f" (+{cfg.system.stragglers.over_select} over-selected) exceeds data.num_clients={cfg.data.num_clients}")
+    if not problems:
+        problems += _metric_problems(cfg)
     if cfg.eval.clients != "none" and not problems and not ALGORITHMS.lookup(cfg.algorithm.name).evaluates_clients():
         problems.append(f"eval.clients: algorithm {cfg.algorithm.name!r} cannot evaluate on clients (it defines no"
                         " evaluate_clients); use eval.clients: none")
@@ -239,6 +243,17 @@ def _check(cfg: ExperimentConfig) -> list[str]:
         problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
                         f" cannot host data.num_clients={cfg.data.num_clients}")
     return problems
+
+
+def _metric_problems(cfg: ExperimentConfig) -> list[str]:
+    """A callback's `metric` that the run will not have: neither among the algorithm's declared metrics nor the
+    ledger's totals."""
+    names = ALGORITHMS.lookup(cfg.algorithm.name).metric_names(cfg)
+    if names is None:
+        return []
+    known = names | {f.name for f in dataclasses.fields(Ledger)}
+    return [f"callbacks.{i}.metric: {e.metric!r} is not a result of this run; it has {', '.join(sorted(known))}"
+            for i, e in enumerate(cfg.callbacks) if getattr(e, "metric", None) is not None and e.metric not in known]
 
 
 def _trace_problems(cfg: ExperimentConfig) -> list[str]:

@@ -17,6 +17,7 @@ from raysim.contract import Cost, Costs, EvalData, Plan
 from raysim.core.device import deterministic_cuda
 from raysim.core.rng import SERVER, SETUP, stream
 from raysim.core.sampling import sample_clients
+from raysim.core.summary import SUMMARY_QUANTILES, summary_names
 from raysim.data import FederatedData, read_rows, read_table_arrays
 from raysim.data.row_store import read_rows_of, row_paths
 from raysim.models import DTYPES
@@ -258,9 +259,6 @@ class RoundEngine:
         return row, client_rows, eval_rows
 
 
-SUMMARY_QUANTILES = (10, 50, 90)
-
-
 def client_metric_summary(evals: dict[str, np.ndarray]) -> dict[str, float]:
     """The distribution of each per-client metric over the evaluated clients: the sample-weighted mean, the std and
     the 10th, 50th and 90th percentiles over clients (`client_<metric>_mean`, `_std`, `_p10`, ...)."""
@@ -273,10 +271,9 @@ def client_metric_summary(evals: dict[str, np.ndarray]) -> dict[str, float]:
         ok = ~np.isnan(v)
         if not ok.any() or w[ok].sum() == 0:
             continue
-        out[f"client_{name}_mean"] = float(np.sum(w[ok] * v[ok]) / np.sum(w[ok]))
-        out[f"client_{name}_std"] = float(np.std(v[ok]))
-        for q in SUMMARY_QUANTILES:
-            out[f"client_{name}_p{q}"] = float(np.percentile(v[ok], q))
+        values = [float(np.sum(w[ok] * v[ok]) / np.sum(w[ok])), float(np.std(v[ok])),
+                  *(float(np.percentile(v[ok], q)) for q in SUMMARY_QUANTILES)]
+        out.update(zip(summary_names(name), values))
     return out
 
 

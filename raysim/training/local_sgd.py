@@ -28,6 +28,7 @@ from raysim.contract import Algorithm, ClientBatch, ClientData, Cost, Costs, Eva
 from raysim.core.device import host
 from raysim.core.keys import Keys
 from raysim.core.privacy import calibrated_noise, epsilon_after
+from raysim.core.summary import summary_names
 from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
 from raysim.core.sampling import sample_clients
@@ -365,6 +366,14 @@ class LocalSGD(Algorithm):
             return [f"algorithm.quantizer: {params.quantizer!r} can lengthen a clipped update past privacy.clip;"
                     " DP-FedAvg needs quantizer 'none'"]
         return []
+
+    @classmethod
+    def metric_names(cls, cfg: Any) -> frozenset[str] | None:
+        """Test accuracy (class labels) and loss, train loss and objective; ε, the noise multiplier and the clip
+        under `privacy:`; the clients' loss and accuracy summaries under `eval.clients`."""
+        privacy = {"epsilon", "noise_multiplier", "clip"} if cfg.privacy is not None else set()
+        clients = summary_names("loss") + summary_names("accuracy") if cfg.eval.clients != "none" else []
+        return frozenset({"test_accuracy", "test_loss", "train_loss", "train_objective", *privacy, *clients})
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -11,8 +11,11 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import raysim
+from raysim import register_algorithm
+from raysim.algorithms.fedavg import FedAvg
 from raysim.callbacks import Callback
 from raysim.cli import main
+from raysim.config import load_config
 from raysim.results import reproducible
 from raysim.storage import checkpoint
 
@@ -141,11 +144,37 @@ def plain_shape(res) -> tuple:
     return state.params.shape
 
 
-def test_a_metric_the_run_lacks_is_one_line_and_the_run_says_why(tmp_path, capsys):
+@register_algorithm("fedavg_undeclared")
+class FedAvgUndeclared(FedAvg):
+    """FedAvg that does not declare its metrics: a misspelled one is found at the first evaluated round."""
+
+    @classmethod
+    def metric_names(cls, cfg):
+        return None
+
+
+@pytest.mark.parametrize("algorithm, before_the_run", [("fedavg", True), ("fedavg_undeclared", False)])
+def test_a_metric_the_run_lacks_is_one_line(tmp_path, capsys, algorithm, before_the_run):
+    """Checked against the metrics the algorithm declares before anything starts (no run directory); an algorithm
+    that declares none is checked at its first evaluated round, and its run says why it failed."""
     out = tmp_path / "lacks"
-    status = main(["run", QUICK, "backend=local", "algorithm.rounds=2", "data.num_clients=20",
+    status = main(["run", QUICK, "backend=local", "algorithm.rounds=2", "data.num_clients=20", f"algorithm.name={algorithm}",
                    "callbacks=[{kind: best_model, metric: test_acc}]", "--out", str(out), "-q"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "callbacks.0.metric: 'test_acc'" in err[0] and "test_accuracy" in err[0]
-    info = json.loads((out / "run.json").read_text())
-    assert info["status"] == "failed" and "test_acc" in info["error"] and info["rounds_done"] == 1
+    if before_the_run:
+        assert not out.exists()
+    else:
+        info = json.loads((out / "run.json").read_text())
+        assert info["status"] == "failed" and "test_acc" in info["error"] and info["rounds_done"] == 1
+
+
+def test_fedavgs_declared_metrics_are_the_ones_its_rounds_have(tmp_path):
+    """Every metric a private run with federated evaluation writes is declared, and every declared one is written."""
+    cfg = load_config(QUICK, {**SMALL, "algorithm.rounds": 2, "eval.clients": "all",
+                              "privacy": {"clip": 1.0, "noise_multiplier": 1.0}})
+    res = raysim.run(cfg, out=tmp_path / "declared", progress=False)
+    runtime = {"round", "phase", "clients", "selected", "dropped", "gamma", "sim_time", "oracle_calls", "upload_bytes",
+               "download_bytes", "server_oracle_calls", "server_oracle_batches", "round_sim_time", "round_wall_s",
+               "client_cpu_s", "actor_restarts", "checkpoint", "wall_s"}
+    assert set(res.rounds.columns) - runtime == FedAvg.metric_names(cfg)

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from wandb.proto.wandb_internal_pb2 import Record
 
 import raysim
-from raysim.callbacks.trackers import flat
+from raysim.callbacks.trackers import tracked
 from raysim.config import load_config
 from raysim.errors import ConfigError
 
@@ -75,8 +75,8 @@ def test_wandb_offline_run_holds_the_config_and_every_round(tmp_path):
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.display_name) == ("proj", "first")
     config, history, exits = wandb_logged(records)
-    saved = yaml.safe_load((res.run_dir / "config.yaml").read_text())
-    assert {k: config[k] for k in saved} == saved and config["algorithm"]["lr"] == 0.1
+    saved = tracked(yaml.safe_load((res.run_dir / "config.yaml").read_text()))
+    assert {k: config[k] for k in saved} == saved and config["algorithm.lr"] == 0.1
     want = expected(res.rounds)
     assert {"test_accuracy", "sim_time", "gamma", "upload_bytes"} <= set(want)
     assert {k: history[k] for k in want} == want
@@ -88,8 +88,13 @@ def test_mlflow_run_holds_the_config_and_every_round(tmp_path):
     client = MlflowClient((res.run_dir / "mlruns").resolve().as_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id])
     assert run.info.run_name == "ml" and run.info.status == "FINISHED"
-    assert run.data.params == flat(yaml.safe_load((res.run_dir / "config.yaml").read_text()))
-    assert run.data.params["algorithm.lr"] == "0.1" and run.data.params["data.partition.alpha"] == "0.5"
+    params = run.data.params
+    assert params == {k: str(v) for k, v in tracked(yaml.safe_load((res.run_dir / "config.yaml").read_text())).items()}
+    assert params["algorithm.lr"] == "0.1" and params["data.partition.alpha"] == "0.5"
+    # what the run uses, not every section's defaults: no layout, no other source's or partition's settings
+    assert not [k for k in params if k.startswith(("cluster.", "data.synthetic_", "data.mnist1d_", "model.channels",
+                                                   "system.clock.time_scale", "system.availability.p", "checkpoint."))]
+    assert len(params) < 50
     want = expected(res.rounds)
     assert set(run.data.metrics) == set(want)
     for key, values in want.items():

@@ -1,5 +1,6 @@
 """FedAvg/FedProx against references computed independently of the algorithm's code."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
+import raysim
 from raysim.algorithms.fedavg import FedAvg, FedProx
 from raysim.contract import ClientData, Context
 from raysim.core.rng import stream
@@ -231,3 +233,12 @@ def test_class_metrics_are_cross_entropy_and_the_first_argmax(monkeypatch):
     monkeypatch.setattr(training, "EVAL_CHUNK_ROWS", 7)
     chunked = class_metrics(z, y)
     assert torch.equal(chunked[0], losses) and torch.equal(chunked[1], pred)
+
+
+@pytest.mark.slow  # the quickstart's 60 rounds with a CNN, about 15 s
+def test_the_generic_cnn_learns_the_quickstart(tmp_path):
+    """`model: cnn` with its own defaults (channels 16, 32) on the quickstart's setting: at least 0.85 test accuracy
+    (0.92 measured; the global-average-pooled CNN it replaced stayed at 0.16)."""
+    config = Path(__file__).parents[3] / "configs" / "fedavg" / "quickstart.yaml"
+    run = raysim.run(config, {"model.name": "cnn", "backend": "local"}, out=tmp_path / "cnn", progress=False)
+    assert run.rounds["test_accuracy"].iloc[-1] >= 0.85
