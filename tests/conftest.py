@@ -162,3 +162,13 @@ def write_run(run_dir, rounds=150, name="synthetic", speed=1.0, metrics=("test_a
 def synthetic_run():
     """`write_run(run_dir, rounds=150, name=..., speed=..., metrics=(...), seed=0)`: a run's tables without training."""
     return write_run
+
+
+@register_algorithm("fedavg_undeclared")
+class FedAvgUndeclared(FedAvg):
+    """FedAvg that does not declare its metrics: a callback's misspelled metric is found at the first evaluated
+    round, not before the run."""
+
+    @classmethod
+    def metric_names(cls, cfg):
+        return None

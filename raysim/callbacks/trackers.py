@@ -37,11 +37,17 @@ def config_tree(run: RunContext) -> dict[str, Any]:
     return yaml.safe_load((run.run_dir / "config.yaml").read_text())
 
 
-UNTRACKED = ("cluster", "checkpoint", "callbacks", "sweep", "plugins", "command", "backend", "faults")
+UNTRACKED = ("cluster", "checkpoint", "callbacks", "sweep", "plugins", "command", "backend", "faults",
+             "data.client_rows", "algorithm.vectorize")  # where and how it runs, not what: the same numbers
 # a field logged only when the field it depends on has one of these values (the rest are the unused parts' defaults)
 WHEN = {
     "data.synthetic_": ("data.source", ("synthetic",)),
     "data.mnist1d_": ("data.source", ("mnist1d",)),
+    "data.label_column": ("data.source", ("parquet",)),
+    "data.client_column": ("data.source", ("parquet",)),
+    "algorithm.levels": ("algorithm.quantizer", ("qsgd",)),
+    "algorithm.local_optimizer.betas": ("algorithm.local_optimizer.kind", ("adam",)),
+    "algorithm.local_optimizer.eps": ("algorithm.local_optimizer.kind", ("adam",)),
     "data.partition.alpha": ("data.partition.kind", ("dirichlet", "dirichlet_classes")),
     "data.partition.shards_per_client": ("data.partition.kind", ("shards",)),
     "data.partition.quantity_sigma": ("data.partition.kind", ("quantity",)),
@@ -62,8 +68,8 @@ WHEN = {
 def tracked(tree: dict[str, Any]) -> dict[str, Any]:
     """The params a tracker logs, by dotted key: the config's fields that decide the run's numbers, without the
     layout and bookkeeping sections (UNTRACKED), unset fields, or the settings of parts the run does not use (WHEN)."""
-    params = flat({k: v for k, v in tree.items() if k not in UNTRACKED})
-    return {k: v for k, v in params.items() if v is not None and v != [] and v != {}
+    params = flat(tree)
+    return {k: v for k, v in params.items() if v is not None and v != [] and v != {} and not k.startswith(UNTRACKED)
             and all(params.get(on) in values for prefix, (on, values) in WHEN.items() if k.startswith(prefix))}
 
 

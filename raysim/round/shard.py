@@ -180,9 +180,9 @@ class ClientShard:
     def warm_up(self) -> None:
         """Run one discarded step: the process's one-time torch warm-up (about 2 s) would otherwise
         make round 1's clients stragglers of the real clock."""
-        if self.data:
+        plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up")) if self.data else None
+        if plan is not None and len(plan.clients) and plan.broadcast is not None:  # a round that trains clients
             c = next(iter(self.data))
-            plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up"))
             self.algo.step(self.states[c], self.data[c], plan.broadcast, stream(self.cfg.seed, 0, c, "warm_up"))
 
     def save(self, ckpt: str | Path) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,6 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import raysim
-from raysim import register_algorithm
 from raysim.algorithms.fedavg import FedAvg
 from raysim.callbacks import Callback
 from raysim.cli import main
@@ -142,15 +141,6 @@ def test_python_callback_sees_the_server_actor_state_and_stops_the_run(tmp_path,
 def plain_shape(res) -> tuple:
     state, _ = checkpoint.load(checkpoint.checkpoint_dir(res.run_dir, 5) / "server.pkl")
     return state.params.shape
-
-
-@register_algorithm("fedavg_undeclared")
-class FedAvgUndeclared(FedAvg):
-    """FedAvg that does not declare its metrics: a misspelled one is found at the first evaluated round."""
-
-    @classmethod
-    def metric_names(cls, cfg):
-        return None
 
 
 @pytest.mark.parametrize("algorithm, before_the_run", [("fedavg", True), ("fedavg_undeclared", False)])

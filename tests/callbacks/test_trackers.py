@@ -102,13 +102,14 @@ def test_mlflow_run_holds_the_config_and_every_round(tmp_path):
 
 
 def test_a_failed_run_ends_failed_in_both_trackers(tmp_path):
-    """A run that fails at round 1 (a metric it lacks) closes its W&B run with exit code 1 and its MLflow run
-    (here in a store, experiment and run name of the config's choosing) as FAILED."""
+    """A run that fails at round 1 (a metric it lacks, of an algorithm that does not declare its metrics) closes its
+    W&B run with exit code 1 and its MLflow run (here in a store, experiment and run name of the config's choosing)
+    as FAILED."""
     store = (tmp_path / "store").as_uri()
     callbacks = [{"kind": "wandb"}, {"kind": "mlflow", "tracking_uri": store, "experiment": "exp", "run_name": "bad"},
                  {"kind": "best_model", "metric": "test_acc"}]
     with pytest.raises(ConfigError, match="test_acc"):
-        raysim.run(QUICK, {**SMALL, "callbacks": callbacks}, out=tmp_path / "bad")
+        raysim.run(QUICK, {**SMALL, "algorithm.name": "fedavg_undeclared", "callbacks": callbacks}, out=tmp_path / "bad")
     assert wandb_logged(wandb_records(tmp_path / "bad"))[2] == [1]
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
