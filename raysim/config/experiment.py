@@ -50,7 +50,8 @@ class ClusterConfig(BaseModel):
 
     address: str | None = Field(None, description="Ray address; None starts a local Ray")
     num_actors: int | None = Field(None, ge=1, description="client actors; default: one per CPU")
-    clients_per_actor: int | None = Field(None, ge=1, description="1 gives one actor per client")
+    clients_per_actor: int | None = Field(None, ge=1, description="clients an actor hosts; when set it decides the"
+                                          " number of actors (num_actors is not used): 1 gives one actor per client")
     cpus_per_actor: float | None = Field(None, gt=0, description="default: the CPUs shared evenly")
     gpu_fraction: float | None = Field(None, gt=0, le=1, description="GPU share per actor when GPUs exist; default 1/num_actors")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray, and the threads of the"
@@ -239,9 +240,6 @@ def _check(cfg: ExperimentConfig) -> list[str]:
                         " system.clock.mode 'virtual'")
     if c.driver_shard and cfg.faults:
         problems.append("cluster.driver_shard: injected faults kill client actors; shard 0 would be the driver itself")
-    if c.num_actors is not None and c.clients_per_actor is not None and c.num_actors * c.clients_per_actor < cfg.data.num_clients:
-        problems.append(f"cluster.num_actors: {c.num_actors} actors x {c.clients_per_actor} clients per actor"
-                        f" cannot host data.num_clients={cfg.data.num_clients}")
     return problems
 
 

@@ -1,4 +1,6 @@
 """Config validation: every error names its field and what is allowed, before Ray starts."""
+from pathlib import Path
+
 import pytest
 
 from raysim.config import ConfigError, dump_config, load_config, parse_override, read_yaml
@@ -42,7 +44,6 @@ def test_valid_config_resolves_defaults():
     ({"system.comm.phi": -1}, ["system.comm.phi:", "greater than or equal to 0"]),
     ({"cluster.gpu_fraction": 1.5}, ["cluster.gpu_fraction:", "less than or equal to 1"]),
     ({"algorithm.local_steps": 3, "algorithm.local_epochs": 1}, ["algorithm", "either local_steps or local_epochs"]),
-    ({"cluster.num_actors": 2, "cluster.clients_per_actor": 3}, ["cluster.num_actors:", "cannot host"]),
     ({"cluster.driver_shard": True, "system.clock.mode": "real"}, ["cluster.driver_shard:", "clock.mode 'virtual'"]),
     ({"cluster.driver_shard": True, "faults": [{"round": 1, "actor": 0}]}, ["cluster.driver_shard:", "faults"]),
     ({"algorithm.lr": float("nan")}, ["algorithm.lr: must be a finite number (got nan)"]),
@@ -108,3 +109,10 @@ def test_actor_layout():
     assert cfg.actor_layout(cpus=2) == (2, 5)
     assert load_config(BASE, {"cluster.clients_per_actor": 1}).actor_layout(cpus=2) == (10, 1)
     assert load_config(BASE, {"cluster.num_actors": 3}).actor_layout(cpus=2) == (3, 4)
+
+
+def test_clients_per_actor_alone_decides_the_actors_over_a_files_num_actors():
+    """`cluster.clients_per_actor=1` on a config whose file sets num_actors: one actor per client, not a refusal."""
+    quickstart = Path(__file__).parents[2] / "configs" / "fedavg" / "quickstart.yaml"
+    cfg = load_config(quickstart, ["cluster.clients_per_actor=1", "data.num_clients=6", "algorithm.clients_per_round=3"])
+    assert cfg.cluster.num_actors == 2 and cfg.actor_layout(2) == (6, 1)
