@@ -50,18 +50,20 @@ class MlflowEntry(_TrackerEntry):
     run_name: str | None = Field(None, description="default: the run directory's name")
 
 
-class _MetricEntry(_Entry):
+class MetricEntry(_Entry):
+    """A callback that watches one metric (early stopping, the best model), checked before the run."""
+
     metric: str = Field(description="a column of rounds.parquet, e.g. test_accuracy")
     mode: Literal["max", "min"] | None = Field(None, description="default: max for accuracies, min otherwise")
     min_delta: float = Field(0.0, ge=0, description="a change of at most this is no improvement")
 
 
-class EarlyStoppingEntry(_MetricEntry):
+class EarlyStoppingEntry(MetricEntry):
     kind: Literal["early_stopping"]
     patience: int = Field(ge=1, description="evaluations without improvement before the run stops")
 
 
-class BestModelEntry(_MetricEntry):
+class BestModelEntry(MetricEntry):
     kind: Literal["best_model"]
 
 

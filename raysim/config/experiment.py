@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from raysim.callbacks.config import CallbackConfig
+from raysim.callbacks.config import CallbackConfig, MetricEntry
 from raysim.config.sweep import SweepConfig
 from raysim.core.field_errors import coercion_problems, field_errors
 from raysim.data.config import DataConfig
@@ -251,7 +251,7 @@ def _metric_problems(cfg: ExperimentConfig) -> list[str]:
         return []
     known = names | {f.name for f in dataclasses.fields(Ledger)}
     return [f"callbacks.{i}.metric: {e.metric!r} is not a result of this run; it has {', '.join(sorted(known))}"
-            for i, e in enumerate(cfg.callbacks) if getattr(e, "metric", None) is not None and e.metric not in known]
+            for i, e in enumerate(cfg.callbacks) if isinstance(e, MetricEntry) and e.metric not in known]
 
 
 def _trace_problems(cfg: ExperimentConfig) -> list[str]:
