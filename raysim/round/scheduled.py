@@ -37,8 +37,8 @@ Trainer = Callable[[int, list[int], Any], list[ShardResult]]  # (round key, clie
 
 @dataclass
 class UpdateOutcome:
-    """One server update: the arrivals applied and those dropped as too stale since the last update, the tasks
-    started since, the server's Cost, the ledger's totals and Γ's increment, and when the update began (wall)."""
+    """One server update: the arrivals applied and those dropped (too stale, or offline) since the last update, the
+    tasks started since, the server's Cost, the ledger's totals, its simulated duration and when it began (wall)."""
 
     round: int
     applied: list[Task]
@@ -46,7 +46,6 @@ class UpdateOutcome:
     started: int
     server_cost: Cost
     totals: dict
-    gamma: float
     sim_time: float
     started_wall: float
 
@@ -204,7 +203,7 @@ class ScheduledEngine:
                                sum(t.cost.oracle_calls for t in delivered) + server_cost.oracle_calls,
                                sum(t.cost.upload_bytes for t in delivered),
                                sum(t.download for t in delivered))
-        return UpdateOutcome(round, applied, dropped, started, server_cost, totals, gamma, tl.updated_at - before, t0)
+        return UpdateOutcome(round, applied, dropped, started, server_cost, totals, tl.updated_at - before, t0)
 
     def rows(self, out: UpdateOutcome, restarts: int = 0, saved: bool = False,
              evals: dict[str, np.ndarray] | None = None) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
