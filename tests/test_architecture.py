@@ -71,3 +71,16 @@ def test_a_new_top_level_module_must_take_its_place_in_the_layers(tmp_path):
 def test_the_round_engine_and_the_local_backend_load_without_ray():
     code = "import sys, raysim.round.engine, raysim.round.local, raysim.round.shard, raysim.training; assert not any(m.split('.')[0] == 'ray' for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_every_package_is_in_the_distribution():
+    """Each folder of the installed `raysim` package (runtime, actors/, algorithms/) is listed in
+    [tool.setuptools] packages, so the wheel holds it: a folder left out imports in the checkout and not installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for top, name in (("raysim", "raysim"), ("actors", "raysim.actors"), ("algorithms", "raysim.algorithms")):
+        for init in (ROOT / top).rglob("__init__.py"):
+            found.add(".".join([name, *init.parent.relative_to(ROOT / top).parts]))
+    assert found - listed == set()
