@@ -15,7 +15,7 @@ import math
 import os
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -56,6 +56,7 @@ class FederatedData:
     num_train: int
     num_test: int
     target_shape: tuple[int, ...] = ()
+    description: dict[str, Any] = field(default_factory=dict)  # the source's: its columns and class labels
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON; the
@@ -70,6 +71,7 @@ class FederatedData:
             "num_train": self.num_train,
             "num_test": self.num_test,
             "target_shape": list(self.target_shape),
+            "description": self.description,
         }
 
     @classmethod
@@ -87,6 +89,7 @@ class FederatedData:
             num_train=int(d["num_train"]),
             num_test=int(d["num_test"]),
             target_shape=tuple(d.get("target_shape", ())),
+            description=dict(d.get("description", {})),
         )
 
 
@@ -279,7 +282,7 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     _write(train_path, ids[order], src.x, src.y, np.flatnonzero(train)[order], meta, flat)
     _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x, src.y, np.flatnonzero(test), meta, flat)
     return _finish(cfg, train_path, test_path, np.bincount(ids, minlength=cfg.num_clients), meta, num_test,
-                   src.num_classes, src.image_shape)
+                   src.num_classes, src.image_shape, src.description)
 
 
 def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: Path) -> FederatedData:
@@ -338,8 +341,9 @@ def _paths(out_dir: Path) -> tuple[Path, Path]:
 
 
 def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarray, meta: dict[str, Any], num_test: int,
-            num_classes: int, image_shape: tuple[int, ...] | None) -> FederatedData:
-    """Write the client sizes beside the training file; what was built."""
+            num_classes: int, image_shape: tuple[int, ...] | None,
+            description: dict[str, Any] | None = None) -> FederatedData:
+    """Write the client sizes beside the training file; what was built (and how the source read it)."""
     sizes = sizes.astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
@@ -353,6 +357,7 @@ def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarra
         num_train=int(sizes.sum()),
         num_test=num_test,
         target_shape=tuple(meta["target_shape"]),
+        description=description or {},
     )
 
 

@@ -10,9 +10,9 @@ import itertools
 import math
 import random
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,7 @@ class Source:
     natural_clients: np.ndarray | None = None
     image_shape: tuple[int, ...] | None = None
     test_mask: np.ndarray | None = None
+    description: dict[str, Any] = field(default_factory=dict)  # how it read its file: columns, class labels
 
     def __post_init__(self) -> None:
         n = len(self.y)
@@ -315,6 +316,14 @@ def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, siz
     return x.astype(np.float32), np.argmax(logits + b[owner], axis=1)
 
 
+def class_labels(values: np.ndarray) -> list[Any] | None:
+    """The original label of each class index `class_indices` gives (its sorted unique values), or None where the
+    labels are their own indices."""
+    if np.issubdtype(values.dtype, np.integer) and (len(values) == 0 or values.min() >= 0):
+        return None
+    return np.unique(values).tolist()
+
+
 def class_indices(values: np.ndarray) -> tuple[np.ndarray, int]:
     """Class indices: non-negative integer labels as they are, anything else by sorted unique value."""
     if np.issubdtype(values.dtype, np.integer) and (len(values) == 0 or values.min() >= 0):
@@ -385,4 +394,8 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
     natural = None
     if has_clients:
         natural = np.unique(table.column(cfg.client_column).to_numpy(), return_inverse=True)[1].astype(np.int64)
-    return Source(x, y, (x.shape[1],), num_classes, natural_clients=natural, image_shape=image_shape)
+    labels = table.column(cfg.label_column).to_numpy()
+    described = {"file": str(path), "label_column": cfg.label_column, "feature_columns": columns,
+                 "client_column": cfg.client_column if has_clients else None, "classes": class_labels(labels)}
+    return Source(x, y, (x.shape[1],), num_classes, natural_clients=natural, image_shape=image_shape,
+                  description=described)

@@ -219,6 +219,8 @@ def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int,
         t_data = time.perf_counter()
         LOGGER.info("data: %d clients, %d training and %d test samples (%.1f s)", fed.num_clients, fed.num_train,
                     fed.num_test, t_data - t_ray)
+        for key, value in fed.description.items():  # how the source read its file (-v), also in data/federated.json
+            LOGGER.debug("data: %s %s", key, value)
         if cfg.backend == "ray":  # logged after the data: a mistake in them stays the only line
             LOGGER.info("ray: %s (%.1f s)", "started" if started_ray else "connected", t_ray - t_start)
         server = (ray_server(experiment, fed.to_dict(), run_dir, where, fleet) if cfg.backend == "ray"

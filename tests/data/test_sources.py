@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import random
 import socket
 import subprocess
@@ -13,9 +14,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from pydantic import ValidationError
 
 import raysim
+from raysim.cli import main
 from raysim.data import DataConfig, Source, check_source, load_source, register_source
 from raysim.errors import DataError
 from raysim.plugins import SOURCES
@@ -144,6 +147,27 @@ def test_parquet_round_trip_keeps_the_natural_clients(tmp_path):
 
     subset = load_source(cfg.model_copy(update={"feature_columns": ["f1"]}), seed=0)
     assert np.array_equal(subset.x[:, 0], df.f1.to_numpy())
+    assert src.description["classes"] == ["cat", "dog"] and src.description["feature_columns"] == ["f0", "f1", "emb"]
+    assert (src.description["label_column"], src.description["client_column"]) == ("target", "user")
+
+
+def test_a_runs_data_description_records_the_columns_and_the_labels(tmp_path, capsys):
+    """The label mapping (string labels numbered in sorted order) and the feature columns chosen are in the run's
+    data/federated.json and, with -v, on stderr."""
+    gen = np.random.default_rng(1)
+    n = 120
+    df = pd.DataFrame({"a": gen.normal(size=n), "b": gen.normal(size=n), "label": gen.choice(["zebra", "ant", "mole"], n)})
+    df.to_parquet(tmp_path / "animals.parquet")
+    config = tmp_path / "animals.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "animals", "backend": "local", "model": {"name": "logreg"},
+        "data": {"source": "parquet", "path": str(tmp_path / "animals.parquet"), "num_clients": 4},
+        "algorithm": {"name": "fedavg", "rounds": 1, "clients_per_round": 2, "local_steps": 1}}))
+    out = tmp_path / "run"
+    assert main(["run", str(config), "--out", str(out), "-v"]) == 0
+    described = json.loads((out / "data" / "federated.json").read_text())["description"]
+    assert described["classes"] == ["ant", "mole", "zebra"] and described["feature_columns"] == ["a", "b"]
+    assert "data: classes ['ant', 'mole', 'zebra']" in capsys.readouterr().err
 
 
 def test_parquet_errors_name_the_column(tmp_path):
