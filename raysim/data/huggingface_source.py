@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raysim.core.distribution import needs_extra
 from raysim.data.columns import features, is_feature
+from raysim.data.partition import NATURAL
 from raysim.data.sources import Source, class_indices, class_labels, register_source
 from raysim.errors import DataError
 
@@ -81,17 +82,21 @@ def _splits(loaded, options: HuggingfaceOptions) -> list:
     return [loaded[train]] + ([loaded[test]] if test else [])
 
 
-def _columns(dataset, options: HuggingfaceOptions) -> list[str]:
-    """The feature columns: the given ones (checked), or every feature-like column but the label."""
+def _columns(dataset, options: HuggingfaceOptions, client: str | None) -> list[str]:
+    """The feature columns: the given ones (checked), or every feature-like column but the label and the `client`
+    column (the natural partition's, which must be there)."""
     names = dataset.column_names
     if options.label not in names:
         raise DataError(f"data.options.label: no column {options.label!r} in {options.path} (columns: {names})")
+    if client is not None and client not in names:
+        raise DataError(f"data.client_column: no column {client!r} in {options.path} for the natural partition"
+                        f" (columns: {names})")
     if options.features is None:
         schema = dataset.data.schema
-        columns = [n for n in names if n != options.label and is_feature(schema.field(n).type)]
+        columns = [n for n in names if n not in (options.label, client) and is_feature(schema.field(n).type)]
     else:
         columns = options.features
-        wrong = [n for n in columns if n not in names or n == options.label]
+        wrong = [n for n in columns if n not in names or n in (options.label, client)]
         if wrong:
             raise DataError(f"data.options.features: {wrong} are not feature columns of {options.path} "
                             f"(columns: {names}, label: {options.label!r})")
@@ -100,16 +105,23 @@ def _columns(dataset, options: HuggingfaceOptions) -> list[str]:
     return columns
 
 
-@register_source("huggingface", options=HuggingfaceOptions, check=_saved_dir)
+@register_source("huggingface", natural=True, options=HuggingfaceOptions, check=_saved_dir)
 def huggingface(cfg: DataConfig, seed: int) -> Source:
-    """The saved dataset's feature columns and class labels, its test split (if any) marked."""
+    """The saved dataset's feature columns and class labels, its test split (if any) marked; under `partition:
+    natural`, each sample's client from `data.client_column` (FEMNIST-style writer ids), numbered 0..K-1 in sorted
+    order of its values."""
     options = cfg.source_options()
     assert isinstance(options, HuggingfaceOptions)
     parts = _splits(_load(_saved_dir(cfg), options), options)
-    columns = _columns(parts[0], options)
-    xs, ys, shapes = [], [], set()
+    client = cfg.client_column if cfg.partition.kind == NATURAL else None
+    columns = _columns(parts[0], options, client)
+    xs, ys, owners, shapes = [], [], [], set()
     for i, part in enumerate(parts):
-        table = part.select_columns([*columns, options.label]).with_format("arrow")[:]
+        if client is not None and client not in part.column_names:
+            raise DataError(f"data.client_column: no column {client!r} in the {part.split} split of {options.path}")
+        table = part.select_columns([*columns, options.label, *([client] if client else [])]).with_format("arrow")[:]
+        if client is not None:
+            owners.append(table.column(client).to_numpy(zero_copy_only=False))
         x, image_shape = features(table, columns, cfg.feature_shape, f"{options.path} ({part.split or f'part {i}'})")
         xs.append(x)
         ys.append(table.column(options.label).to_numpy())
@@ -123,6 +135,7 @@ def huggingface(cfg: DataConfig, seed: int) -> Source:
     x = np.concatenate(xs)
     test = np.concatenate([np.full(len(p), i == 1) for i, p in enumerate(xs)])
     described = {"dataset": str(options.path), "label_column": options.label, "feature_columns": columns,
-                 "classes": getattr(label_feature, "names", None) or class_labels(labels)}
-    return Source(x, y, (x.shape[1],), num_classes, image_shape=shapes.pop()[1],
+                 "client_column": client, "classes": getattr(label_feature, "names", None) or class_labels(labels)}
+    natural = np.unique(np.concatenate(owners), return_inverse=True)[1].astype(np.int64) if client else None
+    return Source(x, y, (x.shape[1],), num_classes, natural_clients=natural, image_shape=shapes.pop()[1],
                   test_mask=test if len(parts) == 2 else None, description=described)

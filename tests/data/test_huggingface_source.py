@@ -79,3 +79,22 @@ def test_the_quick_check_needs_the_saved_directory(saved, tmp_path):
     with pytest.raises(DataError, match="data.options.path: .* is not a directory"):
         check_source(hf(tmp_path / "missing"))
     check_source(hf(saved[0]))
+
+
+def test_a_writer_column_gives_the_natural_clients(tmp_path):
+    """`partition: natural` with `data.client_column`: FEMNIST-style writer ids, numbered in sorted order, over both
+    splits; the writer column is no feature; one missing is one line."""
+    writers = ["w3", "w1", "w2", "w1", "w3", "w2", "w1", "w2"]
+    data = datasets.Dataset.from_dict({"x": np.arange(8, dtype=np.float32).tolist(), "writer": writers,
+                                       "label": [0, 1, 0, 1, 0, 1, 0, 1]})
+    path = tmp_path / "writers"
+    datasets.DatasetDict({"train": data.select(range(6)), "test": data.select(range(6, 8))}).save_to_disk(str(path))
+    cfg = DataConfig(source="huggingface", num_clients=3, client_column="writer", partition={"kind": "natural"},
+                     options={"path": str(path)})
+    src = load_source(cfg, seed=0)
+    assert src.feature_shape == (1,) and src.description["client_column"] == "writer"
+    np.testing.assert_array_equal(src.natural_clients, [2, 0, 1, 0, 2, 1, 0, 1])
+    fed = build_federated(cfg, 0, tmp_path / "fed")
+    assert fed.num_clients == 3 and fed.num_train + fed.num_test == 8
+    with pytest.raises(DataError, match="data.client_column: no column 'user'"):
+        load_source(cfg.model_copy(update={"client_column": "user"}), seed=0)
