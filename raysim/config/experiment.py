@@ -21,6 +21,7 @@ from raysim.callbacks.config import CallbackConfig, MetricEntry
 from raysim.config.sweep import SweepConfig
 from raysim.core.field_errors import coercion_problems, field_errors
 from raysim.data.config import DataConfig
+from raysim.data.sources import natural_count
 from raysim.errors import ConfigError, DataError, PluginError
 from raysim.models import ModelConfig
 from raysim.plugins import ALGORITHMS, load_plugin
@@ -450,10 +451,26 @@ def load_config(source: str | Path | dict | ExperimentConfig, overrides: list[st
         problems = field_errors(e)
         problems += [p for p in _algorithm_problems(tree.get("algorithm")) if p not in problems]
         raise ConfigError(problems, where) from None
+    cfg = _counted(cfg, where)
     problems = _coerced(tree, cfg) + _check(cfg)
     if problems:
         raise ConfigError(problems, where)
     return cfg
+
+
+def _counted(cfg: ExperimentConfig, where: str | None) -> ExperimentConfig:
+    """`cfg` with data.num_clients, when left out under the natural partition, set to the source's own count."""
+    data = cfg.data
+    if data.num_clients:
+        return cfg
+    if data.partition.kind != "natural":
+        raise ConfigError("data.num_clients: give the number of clients (only partition natural takes the source's"
+                          " own count)", where)
+    n = natural_count(data)
+    if n is None:
+        raise ConfigError(f"data.num_clients: source {data.source!r} cannot count its clients before it loads them;"
+                          " give data.num_clients", where)
+    return cfg.model_copy(update={"data": data.model_copy(update={"num_clients": n})})
 
 
 def _coerced(tree: dict, cfg: ExperimentConfig) -> list[str]:

@@ -54,7 +54,8 @@ class DataConfig(BaseModel):
         "auto", description="where shards keep their clients' rows: memory (read once), disk (read each round, for"
                             " the round's clients, from flat files beside the Parquet file); auto: disk above 1 GiB of"
                             " training features")
-    num_clients: int = Field(ge=1)
+    num_clients: int = Field(0, ge=0, description="the federation's clients; under partition natural, left out (0)"
+                             " it is the source's own count (parquet, huggingface)")
     test_fraction: float = Field(0.2, description="share of the samples held out as the server's test set, in (0, 1)")
     test_split: Literal["holdout", "source"] = Field(
         "holdout", description="holdout: a stratified test_fraction of the pooled samples; source: the source's own test set")

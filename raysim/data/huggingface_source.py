@@ -105,7 +105,18 @@ def _columns(dataset, options: HuggingfaceOptions, client: str | None) -> list[s
     return columns
 
 
-@register_source("huggingface", natural=True, options=HuggingfaceOptions, check=_saved_dir)
+def _clients(cfg: DataConfig) -> int:
+    """The distinct values of data.client_column over the splits read: the natural partition's clients."""
+    options = cfg.source_options()
+    assert isinstance(options, HuggingfaceOptions)
+    parts = _splits(_load(_saved_dir(cfg), options), options)
+    missing = [p.split for p in parts if cfg.client_column not in p.column_names]
+    if missing:
+        raise DataError(f"data.client_column: no column {cfg.client_column!r} in {options.path} to count the clients of")
+    return len(set().union(*(p.unique(cfg.client_column) for p in parts)))
+
+
+@register_source("huggingface", natural=True, options=HuggingfaceOptions, check=_saved_dir, count=_clients)
 def huggingface(cfg: DataConfig, seed: int) -> Source:
     """The saved dataset's feature columns and class labels, its test split (if any) marked; under `partition:
     natural`, each sample's client from `data.client_column` (FEMNIST-style writer ids), numbered 0..K-1 in sorted

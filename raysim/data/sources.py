@@ -106,20 +106,24 @@ class ClientBlocks:
 SourceLoader = Callable[["DataConfig", int], Source]
 BlockLoader = Callable[["DataConfig", int], ClientBlocks]
 SourceCheck = Callable[["DataConfig"], object]
+SourceCount = Callable[["DataConfig"], int]
 
 
 def register_source(name: str, natural: bool = False, options: type | None = None,
-                    check: SourceCheck | None = None, replace: bool = False) -> Callable[[SourceLoader], SourceLoader]:
+                    check: SourceCheck | None = None, replace: bool = False,
+                    count: SourceCount | None = None) -> Callable[[SourceLoader], SourceLoader]:
     """Decorator: make `f(cfg, seed) -> Source` available as `data.source: name`; `natural` when the
     source assigns its samples to clients itself (`partition.kind: natural`); `options`, a pydantic
     model of the source's own parameters (`data.options:`, read with `cfg.source_options()`); `check(cfg)`,
     what the source can find wrong cheaply (a missing file or column), raising DataError before Ray starts;
-    `replace`, to take the name of another module's source (a built-in's), which is refused otherwise."""
+    `replace`, to take the name of another module's source (a built-in's), which is refused otherwise;
+    `count(cfg)`, how many natural clients it holds, read cheaply, so a config may leave data.num_clients out."""
 
     def wrap(fn: SourceLoader) -> SourceLoader:
         fn.natural = natural  # type: ignore[attr-defined]
         fn.options = options  # type: ignore[attr-defined]
         fn.check = check  # type: ignore[attr-defined]
+        fn.count = count  # type: ignore[attr-defined]
         SOURCES.add(name, fn, replace)
         return fn
 
@@ -166,6 +170,12 @@ def is_natural(name: str) -> bool:
 def natural_sources() -> list[str]:
     """The registered sources that assign samples to clients."""
     return [n for n in SOURCES.names() if is_natural(n)]
+
+
+def natural_count(cfg: DataConfig) -> int | None:
+    """How many natural clients `cfg.source` holds, where it can tell before it loads (None where it cannot)."""
+    count = getattr(SOURCES.lookup(cfg.source), "count", None)
+    return None if count is None else int(count(cfg))
 
 
 def load_source(cfg: DataConfig, seed: int) -> Source:
@@ -371,7 +381,15 @@ def parquet_columns(cfg: DataConfig) -> tuple[str, list[str], bool]:
     return path, columns, has_clients
 
 
-@register_source("parquet", natural=True, check=parquet_columns)
+def parquet_clients(cfg: DataConfig) -> int:
+    """The distinct values of the client column: the natural partition's clients, from that column alone."""
+    path, _, has_clients = parquet_columns(cfg)
+    if not has_clients:
+        raise DataError(f"data.client_column: no column {cfg.client_column!r} in {path} to count the clients of")
+    return len(pq.read_table(path, columns=[cfg.client_column]).column(0).unique())
+
+
+@register_source("parquet", natural=True, check=parquet_columns, count=parquet_clients)
 def parquet(cfg: DataConfig, seed: int) -> Source:
     """Any Parquet file: `label_column`, the feature columns, and `client_column` for a natural partition.
 

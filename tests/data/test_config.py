@@ -32,7 +32,7 @@ def test_natural_only_for_sources_with_clients():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    ({"num_clients": 0}, "num_clients"),
+    ({"num_clients": -1}, "num_clients"),  # 0: left out, counted under partition natural
     ({"num_clients": 4, "source": "cifar"}, "source"),
     ({"num_clients": 4, "partition": {"kind": "pathological"}}, "partition.kind"),
     ({"num_clients": 4, "partition": {"alpha": 0}}, "partition.alpha"),

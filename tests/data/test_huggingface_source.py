@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from raysim.config import load_config
 from raysim.data import DataConfig, build_federated, check_source, load_source
 from raysim.errors import DataError
 
@@ -96,5 +97,8 @@ def test_a_writer_column_gives_the_natural_clients(tmp_path):
     np.testing.assert_array_equal(src.natural_clients, [2, 0, 1, 0, 2, 1, 0, 1])
     fed = build_federated(cfg, 0, tmp_path / "fed")
     assert fed.num_clients == 3 and fed.num_train + fed.num_test == 8
+    counted = load_config({"data": {"source": "huggingface", "client_column": "writer", "partition": {"kind": "natural"},
+                                    "options": {"path": str(path)}}, "algorithm": {"clients_per_round": 2}})
+    assert counted.data.num_clients == 3  # data.num_clients left out: the writers counted
     with pytest.raises(DataError, match="data.client_column: no column 'user'"):
         load_source(cfg.model_copy(update={"client_column": "user"}), seed=0)

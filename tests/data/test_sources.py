@@ -20,6 +20,7 @@ from pydantic import ValidationError
 import raysim
 from raysim.cli import main
 from raysim.data import DataConfig, Source, check_source, load_source, register_source
+from raysim.config import ConfigError, dump_config, load_config
 from raysim.errors import DataError
 from raysim.plugins import SOURCES
 
@@ -300,3 +301,17 @@ def test_parquet_feature_shape_reshapes_a_flat_column(tmp_path):
         load_source(DataConfig(source="parquet", path=str(path), num_clients=2, feature_shape=[1, 3, 3]), 0)
     with pytest.raises(ValidationError, match="data.feature_shape applies to sources"):
         DataConfig(source="digits", num_clients=2, feature_shape=[1, 8, 8])
+
+
+def test_the_natural_partition_counts_its_clients_when_num_clients_is_left_out(tmp_path):
+    """Parquet's client column gives data.num_clients under partition natural; elsewhere leaving it out is one line."""
+    df = pd.DataFrame({"f": np.arange(40.0), "label": np.arange(40) % 3, "user": np.repeat(["u1", "u2", "u3", "u4"], 10)})
+    df.to_parquet(tmp_path / "users.parquet")
+    data = {"source": "parquet", "path": str(tmp_path / "users.parquet"), "client_column": "user",
+            "partition": {"kind": "natural"}}
+    cfg = load_config({"data": data, "model": {"name": "logreg"}, "algorithm": {"clients_per_round": 2}})
+    assert cfg.data.num_clients == 4 and "num_clients: 4" in dump_config(cfg)
+    with pytest.raises(ConfigError, match="data.num_clients: give the number of clients"):
+        load_config({"data": {"source": "digits"}})
+    with pytest.raises(DataError, match="data.client_column: no column 'writer'"):
+        load_config({"data": {**data, "client_column": "writer"}})
