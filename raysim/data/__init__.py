@@ -8,6 +8,7 @@ from raysim.data.partition import partition, register_partitioner
 from raysim.data.sources import ClientBlocks, Source, check_source, load_source, register_block_source, register_source
 from raysim.data import vision  # noqa: F401  (registers fashion_mnist, cifar10, svhn, cinic10, digits28)
 from raysim.data import huggingface_source, torchvision_source  # noqa: F401  (register huggingface, torchvision)
+from raysim.data.torchvision_source import import_torchvision
 
 __all__ = [
     "ClientBlocks",
@@ -17,6 +18,7 @@ __all__ = [
     "Source",
     "build_federated",
     "check_source",
+    "import_torchvision",
     "load_source",
     "partition",
     "read_client_block",

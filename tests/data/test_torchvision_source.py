@@ -58,3 +58,14 @@ def test_errors_name_the_option_and_what_is_allowed(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # as if the extra were not installed
     with pytest.raises(DataError, match=r"pip install 'raysim-fl\[torchvision\]'"):
         load_source(tv(tmp_path), 0)
+
+
+def test_a_users_script_imports_torchvision_through_raysim():
+    """A fresh process (no raysim import before it) gets torchvision's datasets from `raysim.data.import_torchvision`,
+    on a torch whose torchvision wheel fails a plain import."""
+    import subprocess
+    import sys
+
+    script = "import raysim.data; tv = raysim.data.import_torchvision(); print(tv.datasets.FashionMNIST.__name__)"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "FashionMNIST", proc.stderr[-500:]
