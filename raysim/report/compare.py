@@ -9,14 +9,21 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from raysim.callbacks.trackers import tracked
 from raysim.errors import UserError
 from raysim.report.figures import AXES, metric_columns, save_figure, tidy_x, wants_log
 from raysim.results import RunResult
 
 
+def legend_labels(results: list[RunResult]) -> list[str]:
+    """Legend names: the config values that tell the runs apart (`algorithm.lr=0.3, seed=1`: a sweep's trials by
+    their parameters, not their directories), else `run_labels`."""
+    return differing_values(results) or run_labels(results)
+
+
 def run_labels(results: list[RunResult]) -> list[str]:
-    """Legend names: the run directory's name, after the config's name where the directory does not hold it;
-    the directory as given where two runs would read the same."""
+    """The runs' names in messages: the run directory's name, after the config's name where the directory does not
+    hold it; the directory as given where two runs would read the same."""
     def label(result: RunResult, where: str) -> str:
         config = result.run_dir / "config.yaml"
         name = result.config.get("name") if config.exists() else None
@@ -26,6 +33,18 @@ def run_labels(results: list[RunResult]) -> list[str]:
     if len(set(labels)) < len(labels):
         labels = [label(r, str(r.run_dir)) for r in results]
     return labels
+
+
+def differing_values(results: list[RunResult]) -> list[str] | None:
+    """Each run's values of the config fields that differ between the runs (what a tracker logs, `name` aside), or
+    None where no field does, a run has no config, or two runs would read the same."""
+    if len(results) < 2 or not all((r.run_dir / "config.yaml").exists() for r in results):
+        return None
+    params = [tracked(r.config) for r in results]
+    keys = sorted({k for p in params for k in p} - {"name"})
+    differ = [k for k in keys if len({repr(p.get(k)) for p in params}) > 1]
+    labels = [", ".join(f"{k}={p.get(k)}" for k in differ) for p in params]
+    return labels if differ and len(set(labels)) == len(labels) else None
 
 
 def shared_metrics(results: list[RunResult], labels: list[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -79,5 +98,7 @@ def compare(run_dirs: Sequence[str | Path], out: str | Path = "report", metrics:
             f"{lab} has {', '.join(metric_columns(r.rounds)) or 'none'}" for lab, r in zip(labels, results)))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written = [save_figure(overlay_figure(m, results, labels), out / f"compare_{m}.png", legend_outside=True) for m in shared]
+    legends = legend_labels(results)
+    written = [save_figure(overlay_figure(m, results, legends), out / f"compare_{m}.png", legend_outside=True)
+               for m in shared]
     return written, skipped

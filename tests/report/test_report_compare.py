@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from raysim.cli import main
-from raysim.report.compare import overlay_figure, run_labels, shared_metrics
+from raysim.report.compare import legend_labels, overlay_figure, run_labels, shared_metrics
 from raysim.results import RunResult
 
 
@@ -75,3 +75,15 @@ def test_a_bad_comparison_is_one_line_and_exit_status_2_with_nothing_written(arg
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err
     assert not out.exists()
+
+
+def test_runs_that_differ_in_their_config_are_named_by_the_values(tmp_path):
+    """Two runs (e.g. a sweep's trials, in directories named by Tune) read by the config values that differ."""
+    import raysim
+
+    base = {"name": "labels", "backend": "local", "data": {"source": "digits", "num_clients": 10},
+            "model": {"name": "logreg"}, "algorithm": {"name": "fedavg", "rounds": 2, "clients_per_round": 3, "lr": 0.1}}
+    a = raysim.run(base, out=tmp_path / "trial_a1", progress=False)
+    b = raysim.run(base, {"algorithm.lr": 0.3, "seed": 1}, out=tmp_path / "trial_b2", progress=False)
+    assert legend_labels([a, b]) == ["algorithm.lr=0.1, seed=0", "algorithm.lr=0.3, seed=1"]
+    assert run_labels([a, b]) == ["labels (trial_a1)", "labels (trial_b2)"]  # what messages name them by
