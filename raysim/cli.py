@@ -64,8 +64,14 @@ def report(
     metric: Optional[List[str]] = typer.Option(None, help="compare only this metric; repeatable (default: every shared one)"),
 ) -> None:
     """One run: plots (metrics vs round, simulated time and Γ; client timeline; the family's own) next to its
-    results. Several runs (or --out): one figure per metric with the runs overlaid, in --out."""
-    if len(run_dirs) == 1 and out is None and not metric:
+    results. Several runs (or --out): one figure per metric with the runs overlaid, in --out. A sweep's directory:
+    its trials overlaid (seeds as mean ± std bands), in SWEEP/report."""
+    if len(run_dirs) == 1 and (run_dirs[0] / "sweep_results.parquet").exists():
+        from raysim.sweep.results import trial_dirs
+
+        sweep, run_dirs = run_dirs[0], trial_dirs(run_dirs[0])
+        out = out or sweep / "report"
+    elif len(run_dirs) == 1 and out is None and not metric:
         from raysim.report import report as make_report
 
         for path in make_report(run_dirs[0]):

@@ -35,16 +35,22 @@ def run_labels(results: list[RunResult]) -> list[str]:
     return labels
 
 
-def differing_values(results: list[RunResult]) -> list[str] | None:
-    """Each run's values of the config fields that differ between the runs (what a tracker logs, `name` aside), or
-    None where no field does, a run has no config, or two runs would read the same."""
-    if len(results) < 2 or not all((r.run_dir / "config.yaml").exists() for r in results):
+def _values_apart(results: list[RunResult], aside: set[str]) -> list[str] | None:
+    """Each run's `key=value, ...` of the config fields (what a tracker logs, those in `aside` left out) whose values
+    differ between the runs ('' where none do); None where a run has no config."""
+    if not all((r.run_dir / "config.yaml").exists() for r in results):
         return None
     params = [tracked(r.config) for r in results]
-    keys = sorted({k for p in params for k in p} - {"name"})
+    keys = sorted({k for p in params for k in p} - aside)
     differ = [k for k in keys if len({repr(p.get(k)) for p in params}) > 1]
-    labels = [", ".join(f"{k}={p.get(k)}" for k in differ) for p in params]
-    return labels if differ and len(set(labels)) == len(labels) else None
+    return [", ".join(f"{k}={p.get(k)}" for k in differ) for p in params]
+
+
+def differing_values(results: list[RunResult]) -> list[str] | None:
+    """Each run's values of the config fields that differ between the runs (`name` aside), or None where no field
+    does, a run has no config, or two runs would read the same."""
+    labels = _values_apart(results, {"name"}) if len(results) > 1 else None
+    return labels if labels and all(labels) and len(set(labels)) == len(labels) else None
 
 
 def shared_metrics(results: list[RunResult], labels: list[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -56,16 +62,36 @@ def shared_metrics(results: list[RunResult], labels: list[str]) -> tuple[list[st
     return shared, skipped
 
 
-def overlay_figure(metric: str, results: list[RunResult], labels: list[str]):
-    """`metric` against round, simulated time and Γ, one line per run, a shared legend below."""
+def seed_groups(results: list[RunResult]) -> list[tuple[str, list[RunResult]]] | None:
+    """The runs grouped by the config values that tell them apart, the seed aside (a sweep's configurations over
+    its seeds), each group named by them; None unless some group holds several runs."""
+    labels = _values_apart(results, {"name", "seed"})
+    if labels is None:
+        return None
+    groups: dict[str, list[RunResult]] = {}
+    for r, label in zip(results, labels):
+        groups.setdefault(label or "all runs", []).append(r)
+    return list(groups.items()) if any(len(g) > 1 for g in groups.values()) else None
+
+
+def overlay_figure(metric: str, results: list[RunResult], labels: list[str],
+                   groups: list[tuple[str, list[RunResult]]] | None = None):
+    """`metric` against round, simulated time and Γ, one line per run, a shared legend below; with `groups`, one
+    line per group: at each round the mean over its runs of the metric and of each axis, and a band of ± one std."""
     fig, axes = plt.subplots(1, len(AXES), figsize=(4.4 * len(AXES), 3.6), squeeze=False)
     values = []
-    for result, label in zip(results, labels):
-        rounds = result.rounds
+    for label, runs in groups or [(label, [result]) for result, label in zip(results, labels)]:
+        frame = pd.concat([r.rounds[[x for x, _ in AXES] + [metric]].dropna(subset=[metric]) for r in runs])
+        by_round = frame.groupby("round", sort=True)
+        mean = by_round.mean().reset_index()
+        name = label if len(runs) == 1 else f"{label} (mean ± std of {len(runs)})"
         for ax, (x, _) in zip(axes[0], AXES):
-            data = rounds[[x, metric]].dropna()
-            ax.plot(data[x], data[metric], marker="." if len(data) < 40 else None, linewidth=1.2, label=label)
-        values.append(rounds[metric])
+            line, = ax.plot(mean[x], mean[metric], marker="." if len(mean) < 40 else None, linewidth=1.2, label=name)
+            if len(runs) > 1:
+                std = by_round[metric].std(ddof=0).to_numpy()
+                ax.fill_between(mean[x], mean[metric] - std, mean[metric] + std, color=line.get_color(), alpha=0.2,
+                                linewidth=0)
+        values.append(frame[metric])
     log = wants_log(pd.concat(values))
     for ax, (_, name) in zip(axes[0], AXES):
         ax.set_xlabel(name)
@@ -73,7 +99,7 @@ def overlay_figure(metric: str, results: list[RunResult], labels: list[str]):
         ax.set_ylabel(metric + (" (log scale)" if log else ""))
         ax.set_yscale("log" if log else "linear")
         ax.grid(alpha=0.3, which="both" if log else "major")
-    fig.suptitle(f"{metric}: {len(results)} runs")
+    fig.suptitle(f"{metric}: {len(results)} runs" + (f" in {len(groups)} configurations" if groups else ""))
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 4), fontsize=8,
                frameon=False)
@@ -98,7 +124,7 @@ def compare(run_dirs: Sequence[str | Path], out: str | Path = "report", metrics:
             f"{lab} has {', '.join(metric_columns(r.rounds)) or 'none'}" for lab, r in zip(labels, results)))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    legends = legend_labels(results)
-    written = [save_figure(overlay_figure(m, results, legends), out / f"compare_{m}.png", legend_outside=True)
+    legends, groups = legend_labels(results), seed_groups(results)
+    written = [save_figure(overlay_figure(m, results, legends, groups), out / f"compare_{m}.png", legend_outside=True)
                for m in shared]
     return written, skipped

@@ -18,7 +18,8 @@ AXES = (("round", "round"), ("sim_time", "simulated time (s)"), ("gamma", "feder
 # rounds columns that describe the round (schedule, costs, host measurements), not the model: never plotted as a metric
 ROUND_COLUMNS = frozenset({"round", "phase", "clients", "selected", "dropped", "gamma", "sim_time", "oracle_calls",
                            "upload_bytes", "download_bytes", "server_oracle_calls", "server_oracle_batches",
-                           "round_sim_time", "round_wall_s", "wall_s", "client_cpu_s", "actor_restarts", "checkpoint"})
+                           "round_sim_time", "round_wall_s", "wall_s", "client_cpu_s", "actor_restarts", "checkpoint",
+                           "available", "offline", "arrivals", "staleness_mean", "staleness_max", "in_flight"})
 
 
 def metric_columns(rounds: pd.DataFrame) -> list[str]:

@@ -112,6 +112,14 @@ def best(table: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
     return ok.loc[ok[metric].idxmax() if mode == "max" else ok[metric].idxmin()]
 
 
+def trial_dirs(sweep_dir: Path) -> list[Path]:
+    """The run directories of a finished sweep's trials that wrote one, in the order of sweep_results.parquet."""
+    import pandas as pd
+
+    dirs = pd.read_parquet(sweep_dir / "sweep_results.parquet")["run_dir"].dropna()
+    return [Path(d) for d in dirs if (Path(d) / "rounds.parquet").exists()]
+
+
 def summary_table(result: SweepResult) -> Table:
     """The trials (or with seeds, the configurations: mean ± std) as a rich table, best first, with the
     best one and its metrics in the caption."""

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from raysim.cli import main
-from raysim.report.compare import legend_labels, overlay_figure, run_labels, shared_metrics
+from raysim.report.compare import legend_labels, overlay_figure, run_labels, seed_groups, shared_metrics
 from raysim.results import RunResult
 
 
@@ -87,3 +87,28 @@ def test_runs_that_differ_in_their_config_are_named_by_the_values(tmp_path):
     b = raysim.run(base, {"algorithm.lr": 0.3, "seed": 1}, out=tmp_path / "trial_b2", progress=False)
     assert legend_labels([a, b]) == ["algorithm.lr=0.1, seed=0", "algorithm.lr=0.3, seed=1"]
     assert run_labels([a, b]) == ["labels (trial_a1)", "labels (trial_b2)"]  # what messages name them by
+
+
+def test_a_sweep_directory_is_reported_with_its_seeds_as_bands(tmp_path, synthetic_run):
+    """`raysim report SWEEP`: the trials that wrote a run, overlaid in SWEEP/report, each configuration's seeds as one
+    mean ± std band named by its values."""
+    import pandas as pd
+    import yaml
+
+    sweep, dirs = tmp_path / "sweep", []
+    for i, (lr, seed) in enumerate([(0.1, 0), (0.1, 1), (0.3, 0), (0.3, 1)]):
+        run_dir = synthetic_run(sweep / f"trial_{i}" / "run", rounds=20, name="swept", seed=i)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "swept", "seed": seed,
+                                                             "algorithm": {"name": "fedavg", "lr": lr}}))
+        dirs.append(run_dir)
+    pd.DataFrame({"trial_id": [d.parent.name for d in dirs], "run_dir": [str(d) for d in dirs]}).to_parquet(
+        sweep / "sweep_results.parquet")
+    assert main(["report", str(sweep)]) == 0
+    assert sorted(p.name for p in (sweep / "report").iterdir()) == ["compare_test_accuracy.png", "compare_test_loss.png"]
+    groups = seed_groups([RunResult.load(d) for d in dirs])
+    assert [(label, len(runs)) for label, runs in groups] == [("algorithm.lr=0.1", 2), ("algorithm.lr=0.3", 2)]
+    fig = overlay_figure("test_loss", [], [], groups)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["algorithm.lr=0.1 (mean ± std of 2)", "algorithm.lr=0.3 (mean ± std of 2)"]
+    both = [RunResult.load(d).rounds.set_index("round")["test_loss"] for d in dirs[:2]]
+    np.testing.assert_allclose(lines[0].get_ydata(), ((both[0] + both[1]) / 2).dropna().to_numpy())
