@@ -35,7 +35,7 @@ def assert_same_numbers(a, b):
 @pytest.mark.parametrize("cfg, layouts", [
     (FEDAVG, (2, 5)),
     pytest.param(FEDAVG, (1, 3), marks=pytest.mark.slow),
-    (FZOOS, (1, 5)),
+    pytest.param(FZOOS, (1, 5), marks=pytest.mark.slow),  # fzoos over actor counts stays in its family's tests
     pytest.param(FZOOS, (2, 3), marks=pytest.mark.slow),
 ], ids=["fedavg", "fedavg-more", "fzoos", "fzoos-more"])
 def test_local_and_every_packing_on_ray_give_the_same_bits(ray_cluster, tmp_path, cfg, layouts):
