@@ -75,6 +75,13 @@ def placement(tree: dict, cpus: float, gpus: float, params: dict) -> Any:
     return tune.PlacementGroupFactory(trial_resources(load_config(tree, space), cpus, gpus).bundles)
 
 
+def reported(row: dict, metric: str) -> dict:
+    """What a round reports to Tune: the round, the sweep's metric, simulated time and Γ first (Tune's live table
+    shows a result's first columns), then every other scalar of the row."""
+    values = scalars(row)
+    return {"round": int(row["round"]), **{k: values[k] for k in (metric, "sim_time", "gamma") if k in values}, **values}
+
+
 class TuneReport(MetricWatch):
     """Reports the round and every scalar of its row (what a run's loggers see) to Tune each round, so
     Tune's schedulers, searchers and own loggers see them; an evaluated round must hold the sweep's metric.
@@ -93,7 +100,7 @@ class TuneReport(MetricWatch):
 
         self.reported += 1
         try:
-            tune.report({"round": int(row["round"]), **scalars(row)})
+            tune.report(reported(row, self.metric))
         except SystemExit:
             return False
         return None

@@ -132,6 +132,10 @@ def run_sweep(config: str | Path | dict | None, overrides: list[str] | dict | No
     sweep = cfg.sweep
     points = check_space(cfg)
     check_search(sweep)
+    longest = max(p.algorithm.rounds for p in points)
+    if sweep.scheduler.kind == "asha" and sweep.scheduler.grace_period > longest:
+        raise ConfigError(f"sweep.scheduler.grace_period: {sweep.scheduler.grace_period} rounds before ASHA may stop a"
+                          f" trial, but the longest trial runs {longest} (algorithm.rounds)")
     # trials keep the sweep's working directory, so relative paths (data.path) mean what `raysim run` reads
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     # every round is reported, the metric only on evaluated ones (the trial checks it is there)

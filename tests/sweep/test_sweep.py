@@ -328,3 +328,25 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(seeded_sweep, 
     stats = ["algorithm.lr", "seeds", *(f"{c}_{s}" for c in DETERMINISTIC[4:] for s in ("mean", "std"))]
     pd.testing.assert_frame_equal(table(pd.read_parquet(sweep_dir / "sweep_configs.parquet"), stats),
                                   table(seeded_sweep.configs, stats))
+
+
+def test_an_asha_grace_period_longer_than_every_trial_is_one_line_before_ray(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(with_sweep(space={"algorithm.mu": {"choice": [0.0, 0.1]}},
+                                          scheduler={"kind": "asha", "grace_period": 50})))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("sweep.scheduler.grace_period: 50 rounds before ASHA may stop a trial, but the longest trial"
+                        " runs 3 (algorithm.rounds)") and "\n" not in err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_round_reports_the_metric_first_so_tunes_live_table_shows_it():
+    """Tune's live table shows a result's first columns: the round, the sweep's metric, simulated time and Γ lead."""
+    from raysim.sweep.trial import reported
+
+    row = {"round": 3, "phase": "train", "clients": 10, "selected": 10, "dropped": 0, "gamma": 40.0, "sim_time": 9.5,
+           "test_loss": 0.7, "test_accuracy": 0.8}
+    assert list(reported(row, "test_accuracy"))[:4] == ["round", "test_accuracy", "sim_time", "gamma"]
+    assert reported(row, "test_accuracy")["clients"] == 10 and "phase" not in reported(row, "test_accuracy")
+    assert list(reported({**row, "test_accuracy": None}, "test_accuracy"))[:3] == ["round", "sim_time", "gamma"]
