@@ -13,7 +13,6 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -281,10 +280,9 @@ def _availability_problems(cfg: ExperimentConfig) -> list[str]:
     if cfg.system.clock.mode != "virtual":
         return ["system.availability: clients come and go on the virtual clock; it needs system.clock.mode 'virtual'"]
     if kind == "trace" and cfg.schedule.scheduled:
-        from raysim.system.traces import availability_trace
+        from raysim.system.availability import Availability
 
-        assert cfg.system.availability.file is not None  # AvailabilityConfig: a trace names its file
-        ever = np.unique(availability_trace(cfg.system.availability.file, cfg.data.num_clients)[0]).size
+        ever = Availability(cfg.system.availability, cfg.seed, cfg.data.num_clients).ever()
         c = cfg.schedule.resolved(cfg.algorithm.clients_per_round).concurrency
         if c is not None and ever < c:
             return [f"system.availability.file: only {ever} clients are ever online, fewer than schedule.concurrency"

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
 def _absolute_path(path: str | None) -> str | None:
     """A trace file's path made absolute where the config is read (the driver), so every process finds the file."""
     return None if path is None else str(Path(path).expanduser().resolve())
+
+
+TracePath = Annotated[str | None, AfterValidator(_absolute_path)]
 
 
 class ComputeConfig(BaseModel):
@@ -31,12 +34,7 @@ class ComputeConfig(BaseModel):
     speed: Literal["none", "constant", "lognormal", "trace"] = "none"
     speed_sigma: float = Field(0.5, ge=0)
     speed_factor: float = Field(1.0, gt=0, description="speed: constant")
-    speed_file: str | None = Field(None, description="speed: trace, a Parquet or CSV file of client_id, speed")
-
-    @field_validator("speed_file")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        return _absolute_path(v)
+    speed_file: TracePath = Field(None, description="speed: trace, a Parquet or CSV file of client_id, speed")
 
     @model_validator(mode="after")
     def _trace_named(self) -> "ComputeConfig":
@@ -61,12 +59,7 @@ class AvailabilityConfig(BaseModel):
     mean_off: float = Field(100.0, gt=0, description="markov: the mean offline period")
     period: float = Field(24.0, gt=0, description="diurnal: the cycle, in simulated time")
     on_fraction: float = Field(0.5, gt=0, le=1, description="diurnal: the share of each cycle a client is online")
-    file: str | None = Field(None, description="trace: a Parquet or CSV file of client_id, start, end")
-
-    @field_validator("file")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        return _absolute_path(v)
+    file: TracePath = Field(None, description="trace: a Parquet or CSV file of client_id, start, end")
 
     @model_validator(mode="after")
     def _trace_named(self) -> "AvailabilityConfig":
