@@ -59,6 +59,10 @@ class DataConfig(BaseModel):
     test_fraction: float = Field(0.2, description="share of the samples held out as the server's test set, in (0, 1)")
     test_split: Literal["holdout", "source"] = Field(
         "holdout", description="holdout: a stratified test_fraction of the pooled samples; source: the source's own test set")
+    local_test_fraction: float = Field(0.0, ge=0, lt=1, description="share of each client's training samples held"
+                                       " out as its local test set, stratified by label (floor(fraction x n) of a client's"
+                                       " n), for federated evaluation (eval.clients); 0: clients are evaluated on their"
+                                       " training data")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     partition_seed: int | None = Field(None, ge=0, description="seed of the data (generation, test split, partition, "
                                        "server validation samples), fixed across experiment seeds; None: the experiment seed")

@@ -1,5 +1,7 @@
 """The federated dataset on disk: train.parquet (rows sorted by client), the server's test.parquet, and
-client_sizes.npy (samples per client, memory-mapped by every process that needs them).
+client_sizes.npy (samples per client, memory-mapped by every process that needs them); with
+`data.local_test_fraction`, also local_test.parquet and local_test_sizes.npy, each client's held-out rows for
+federated evaluation, laid out as the training file.
 
 Both files have the columns `client_id` int64, `x` fixed_size_list<float32 or float64>[prod(feature_shape)]
 and `y` (int64 class labels, or float targets: float32/float64, a fixed_size_list for vector targets;
@@ -9,13 +11,14 @@ filtered read of a few clients touches only their row groups.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import math
 import os
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -35,6 +38,7 @@ from raysim.storage.atomic import atomic_write_bytes
 ROW_GROUP_BYTES = 1 << 20
 WRITE_AHEAD = 64  # row groups queued for the writing thread (64 MB)
 TEST_CLIENT = -1
+LOCAL_TEST = "local_test.parquet"  # beside train.parquet
 _META_KEY = b"raysim"
 LABEL_PARTITIONERS = ("dirichlet", "dirichlet_classes", "shards")  # need class labels: not for regression sources
 
@@ -57,6 +61,16 @@ class FederatedData:
     num_test: int
     target_shape: tuple[int, ...] = ()
     description: dict[str, Any] = field(default_factory=dict)  # the source's: its columns and class labels
+    local_test_path: Path | None = None  # data.local_test_fraction > 0: each client's held-out rows
+
+    def local_test(self) -> FederatedData | None:
+        """The clients' held-out local rows as a dataset of their own (its `train_path` and `client_sizes` those of
+        local_test.parquet), read by the shards for federated evaluation; None without `data.local_test_fraction`."""
+        if self.local_test_path is None:
+            return None
+        sizes = np.load(sizes_path(self.local_test_path), mmap_mode="r")
+        return replace(self, train_path=self.local_test_path, client_sizes=sizes, num_train=int(np.sum(sizes)),
+                       local_test_path=None)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values only (str, int, list), e.g. to send to actors or write as JSON; the
@@ -72,6 +86,7 @@ class FederatedData:
             "num_test": self.num_test,
             "target_shape": list(self.target_shape),
             "description": self.description,
+            "local_test_path": None if self.local_test_path is None else str(self.local_test_path),
         }
 
     @classmethod
@@ -90,6 +105,7 @@ class FederatedData:
             num_test=int(d["num_test"]),
             target_shape=tuple(d.get("target_shape", ())),
             description=dict(d.get("description", {})),
+            local_test_path=None if d.get("local_test_path") is None else Path(d["local_test_path"]),
         )
 
 
@@ -114,6 +130,13 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
 def natural_holdout(sizes: np.ndarray, fraction: float) -> np.ndarray:
     """Test samples held out of each natural client of `sizes` samples: floor(fraction * n_g)."""
     return np.floor(fraction * sizes).astype(np.int64)
+
+
+def local_holdout(labels: np.ndarray, owner: np.ndarray, sizes: np.ndarray, fraction: float, pos: np.ndarray) -> np.ndarray:
+    """Mask of each client's local test rows (`data.local_test_fraction`) among training rows owned by `owner`
+    (dense client indices of `sizes` rows each): floor(fraction * n_c) of client c's, stratified by label, those
+    first by `pos` (their places in a keyed permutation) in each (client, label)."""
+    return group_holdout(labels, owner, natural_holdout(sizes, fraction), pos)
 
 
 def group_holdout(labels: np.ndarray, groups: np.ndarray, totals: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -279,10 +302,18 @@ def build_federated(cfg: DataConfig, seed: int, out_dir: Path) -> FederatedData:
     train_path, test_path = _paths(out_dir)
     # the training rows by client, gathered a row group at a time: never a second copy of the features
     flat = on_disk(cfg, num_train, src.feature_shape)
-    _write(train_path, ids[order], src.x, src.y, np.flatnonzero(train)[order], meta, flat)
+    owner, rows, sizes = ids[order], np.flatnonzero(train)[order], np.bincount(ids, minlength=cfg.num_clients)
+    del ids, order
+    local_sizes = None
+    if cfg.local_test_fraction:
+        local = local_holdout(labels[rows], owner, sizes, cfg.local_test_fraction, _local_positions(seed, num_train))
+        _check_local(cfg, sizes, int(local.sum()))
+        _write(train_path.with_name(LOCAL_TEST), owner[local], src.x, src.y, rows[local], meta, flat)
+        owner, rows, local_sizes = owner[~local], rows[~local], np.bincount(owner[local], minlength=cfg.num_clients)
+    _write(train_path, owner, src.x, src.y, rows, meta, flat)
     _write(test_path, np.full(num_test, TEST_CLIENT, dtype=np.int64), src.x, src.y, np.flatnonzero(test), meta, flat)
-    return _finish(cfg, train_path, test_path, np.bincount(ids, minlength=cfg.num_clients), meta, num_test,
-                   src.num_classes, src.image_shape, src.description)
+    return _finish(cfg, train_path, test_path, sizes, meta, num_test, src.num_classes, src.image_shape, src.description,
+                   local_sizes)
 
 
 def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: Path) -> FederatedData:
@@ -297,16 +328,22 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
     num_train, num_test = int(train_sizes.sum()), int(held.sum())
     _check_train_samples(cfg, num_train, num_test)
     check_min_size(train_sizes, cfg.partition)
+    local_sizes = natural_holdout(train_sizes, cfg.local_test_fraction)
+    _check_local(cfg, train_sizes, int(local_sizes.sum()))
     pos = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "test_split"), int(sizes.sum())))
     rank = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "row_order"), num_train))
+    local_pos = _local_positions(seed, num_train) if cfg.local_test_fraction else None
     first, train_first = (np.concatenate([[0], np.cumsum(s)]) for s in (sizes, train_sizes))
     blocks = iter(src.blocks)
     a, b, x, y = next(blocks)
     meta, dtypes = {"feature_shape": list(src.feature_shape), "target_shape": list(y.shape[1:])}, (x.dtype, y.dtype)
     train_path, test_path = _paths(out_dir)
     flat = on_disk(cfg, num_train, tuple(src.feature_shape))
-    with _GroupWriter(train_path, train_sizes, meta, *dtypes, flat) as train, \
-            _GroupWriter(test_path, np.array([num_test]), meta, *dtypes, flat) as test:
+    with contextlib.ExitStack() as files:
+        train = files.enter_context(_GroupWriter(train_path, train_sizes - local_sizes, meta, *dtypes, flat))
+        test = files.enter_context(_GroupWriter(test_path, np.array([num_test]), meta, *dtypes, flat))
+        local = None if local_pos is None else files.enter_context(
+            _GroupWriter(train_path.with_name(LOCAL_TEST), local_sizes[local_sizes > 0], meta, *dtypes, flat))
         for a, b, x, y in itertools.chain([(a, b, x, y)], blocks):
             owner = np.repeat(np.arange(b - a), sizes[a:b])
             Source(x, y, src.feature_shape, src.num_classes)  # each block checked as a whole source would be
@@ -317,10 +354,16 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
             out = group_holdout(labels, owner, held[a:b], pos[first[a]:first[b]])
             rows = np.flatnonzero(~out)
             rows = rows[np.lexsort((rank[train_first[a]:train_first[b]], owner[rows]))]  # by client, then row order
+            if local is not None and local_pos is not None:
+                mask = local_holdout(labels[rows], owner[rows], train_sizes[a:b], cfg.local_test_fraction,
+                                     local_pos[train_first[a]:train_first[b]])
+                local.append(owner[rows[mask]] + a, x[rows[mask]], y[rows[mask]])
+                rows = rows[~mask]
             train.append(owner[rows] + a, x[rows], y[rows])
             rows = np.flatnonzero(out)
             test.append(np.full(len(rows), TEST_CLIENT, dtype=np.int64), x[rows], y[rows])
-    return _finish(cfg, train_path, test_path, train_sizes, meta, num_test, src.num_classes, src.image_shape)
+    return _finish(cfg, train_path, test_path, train_sizes, meta, num_test, src.num_classes, src.image_shape,
+                   local_sizes=local_sizes if local_pos is not None else None)
 
 
 def _check_train_samples(cfg: DataConfig, num_train: int, num_test: int) -> None:
@@ -333,6 +376,18 @@ def _check_train_samples(cfg: DataConfig, num_train: int, num_test: int) -> None
             f"{num_test} are held out for testing, leaving {num_train}")
 
 
+def _local_positions(seed: int, num_train: int) -> np.ndarray:
+    """Each training row's place (in file order) in the keyed permutation that picks the local test rows."""
+    return inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "local_test_split"), num_train))
+
+
+def _check_local(cfg: DataConfig, sizes: np.ndarray, held: int) -> None:
+    """DataError naming data.local_test_fraction when it holds out no client's row (floor(fraction * n) = 0)."""
+    if cfg.local_test_fraction and not held:
+        raise DataError(f"data.local_test_fraction: {cfg.local_test_fraction} holds out no sample of any client "
+                        f"(floor(fraction x samples) is 0 for clients of at most {int(np.max(sizes))} samples); raise it")
+
+
 def _paths(out_dir: Path) -> tuple[Path, Path]:
     """train.parquet and test.parquet in `out_dir`, created."""
     out_dir = Path(out_dir)
@@ -341,9 +396,16 @@ def _paths(out_dir: Path) -> tuple[Path, Path]:
 
 
 def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarray, meta: dict[str, Any], num_test: int,
-            num_classes: int, image_shape: tuple[int, ...] | None,
-            description: dict[str, Any] | None = None) -> FederatedData:
-    """Write the client sizes beside the training file; what was built (and how the source read it)."""
+            num_classes: int, image_shape: tuple[int, ...] | None, description: dict[str, Any] | None = None,
+            local_sizes: np.ndarray | None = None) -> FederatedData:
+    """Write the client sizes beside the training file (`sizes`: before the local test split; `local_sizes`, each
+    client's local test rows, beside local_test.parquet); what was built (and how the source read it)."""
+    local_path = None
+    if local_sizes is not None:
+        local_path = train_path.with_name(LOCAL_TEST)
+        local = np.asarray(local_sizes, dtype=np.int64)
+        atomic_write_bytes(sizes_path(local_path), lambda tmp: _save_npy(tmp, local))
+        sizes = sizes - local
     sizes = sizes.astype(np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
@@ -358,12 +420,14 @@ def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarra
         num_test=num_test,
         target_shape=tuple(meta["target_shape"]),
         description=description or {},
+        local_test_path=local_path,
     )
 
 
 def sizes_path(train_path: Path) -> Path:
-    """Where the client sizes of the dataset whose training file is `train_path` lie (.npy, beside it)."""
-    return train_path.with_name("client_sizes.npy")
+    """Where the client sizes of the dataset whose training file is `train_path` lie (.npy, beside it):
+    client_sizes.npy for train.parquet, local_test_sizes.npy for local_test.parquet."""
+    return train_path.with_name("client_sizes.npy" if train_path.name == "train.parquet" else f"{train_path.stem}_sizes.npy")
 
 
 def _save_npy(path: str, array: np.ndarray) -> None:

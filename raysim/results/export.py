@@ -21,12 +21,15 @@ from raysim.storage import checkpoint
 from raysim.storage.atomic import atomic_write_bytes, write_text
 
 FEDERATED_JSON = "federated.json"
+PATHS = ("train_path", "test_path", "local_test_path")  # federated.json's paths, relative to the data folder
 
 
 def save_federated(fed: FederatedData, data_dir: Path) -> None:
     """Record where the run's data lie (paths relative to `data_dir` when inside it, so a moved run still opens)."""
     d = fed.to_dict()
-    for key in ("train_path", "test_path"):
+    for key in PATHS:
+        if d[key] is None:
+            continue
         path = Path(d[key])
         if path.resolve().is_relative_to(data_dir.resolve()):
             d[key] = str(path.resolve().relative_to(data_dir.resolve()))
@@ -40,8 +43,8 @@ def load_federated(run_dir: Path, cfg: ExperimentConfig) -> FederatedData:
     if not meta.exists():
         return build_federated(cfg.data, cfg.seed, data_dir)
     d = json.loads(meta.read_text())
-    for key in ("train_path", "test_path"):
-        if not Path(d[key]).is_absolute():
+    for key in PATHS:
+        if d.get(key) is not None and not Path(d[key]).is_absolute():
             d[key] = str(data_dir / d[key])
     return FederatedData.from_dict(d)
 

@@ -210,7 +210,8 @@ class RoundEngine:
             return metrics, None
         metrics.update(client_metric_summary(evals))
         n = len(evals["client_id"])
-        return metrics, {"round": np.full(n, round, dtype=np.int64), **evals, "split": np.full(n, "train")}
+        split = "train" if self.fed.local_test_path is None else "local_test"
+        return metrics, {"round": np.full(n, round, dtype=np.int64), **evals, "split": np.full(n, split)}
 
     def rows(self, rp: RoundPlan, out: RoundOutcome, restarts: int = 0, saved: bool = False,
              evals: dict[str, np.ndarray] | None = None) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:

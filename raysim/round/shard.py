@@ -126,6 +126,28 @@ class StoredClientRows(Mapping[int, ClientData]):
                            torch.as_tensor(x, dtype=self.dtype, device=self.device), torch.as_tensor(y, device=self.device))
 
 
+def client_rows(fed: FederatedData, clients: Sequence[int], dtype: torch.dtype, device: str,
+                stored: bool) -> ClientRows | StoredClientRows:
+    """The rows of `clients` in `fed`'s training file: read once into memory, or (`stored`) left on disk and read for
+    each batch. A client with no rows there (a local test set of none) has an empty block."""
+    if stored:
+        return StoredClientRows(fed, clients, dtype, device)
+    ids = np.arange(clients.start, clients.stop, dtype=np.int64) if isinstance(clients, range) else np.unique(clients)
+    sizes = np.asarray(fed.client_sizes)[ids]
+    held = ids[sizes > 0]
+    read = clients if held.size == ids.size else held
+    _, _, x, y = read_client_block(fed.train_path, read) if held.size else _empty_block(fed)
+    # as_tensor: the block's own arrays become the tensors (no second copy) where the dtype already fits
+    return ClientRows(ids, np.concatenate([[0], np.cumsum(sizes)]), torch.as_tensor(x, dtype=dtype, device=device),
+                      torch.as_tensor(y, device=device))
+
+
+def _empty_block(fed: FederatedData) -> tuple[None, None, np.ndarray, np.ndarray]:
+    """No rows, shaped as `fed`'s."""
+    y = np.zeros((0, *fed.target_shape), np.float32) if fed.num_classes == 0 else np.zeros(0, np.int64)
+    return None, None, np.zeros((0, *fed.feature_shape), np.float32), y
+
+
 class ClientStates(dict):
     """Client states by id, holding only those a step has set: a client never stepped has its `client_init` state,
     made when asked for (a shard of 10^7 stateless clients holds nothing per client). Pickle `dict(states)`."""
@@ -158,15 +180,12 @@ class ClientShard:
         clients = clients if isinstance(clients, range) else list(clients)  # a range: no Python int per client
         self.fed = FederatedData.from_dict(data)
         self.algo = experiment.algorithm_for(self.fed, device)
-        dtype = DTYPES[self.cfg.model.dtype]
-        self.data: ClientRows | StoredClientRows
-        if on_disk(self.cfg.data, self.fed.num_train, self.fed.feature_shape):
-            self.data = StoredClientRows(self.fed, clients, dtype, device)
-        else:
-            ids, offsets, x, y = read_client_block(self.fed.train_path, clients)
-            # as_tensor: the block's own arrays become the tensors (no second copy) where the dtype already fits
-            self.data = ClientRows(ids, offsets, torch.as_tensor(x, dtype=dtype, device=device),
-                                   torch.as_tensor(y, device=device))
+        stored = on_disk(self.cfg.data, self.fed.num_train, self.fed.feature_shape)
+        self.data = client_rows(self.fed, clients, DTYPES[self.cfg.model.dtype], device, stored)
+        local = self.fed.local_test() if self.cfg.eval.clients != "none" else None
+        # federated evaluation's rows: the clients' local test rows (data.local_test_fraction), else their training rows
+        self.eval_data = self.data if local is None else client_rows(local, clients, DTYPES[self.cfg.model.dtype],
+                                                                     device, stored)
         self.shard, self.clients = shard, clients
         self.blocks = cover(clients, self.fed.num_clients)  # this shard's blocks of the reduction tree
         self.batched = batched(self.algo)
@@ -275,7 +294,7 @@ class ClientShard:
         def run(s: slice) -> dict[str, np.ndarray]:
             part = ids[s]
             states = None if self.stateless else [self.states[c] for c in part.tolist()]
-            batch = self.data.batch(part)
+            batch = self.eval_data.batch(part)
             return {"samples": batch.sizes, **self.algo.evaluate_clients(payload, states, batch)}
 
         done = self._map(run, len(ids), self.device == "cpu")

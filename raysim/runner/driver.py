@@ -217,8 +217,9 @@ def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int,
         LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resumed else f"writing {run_dir}")
         save_federated(fed, run_dir / "data")
         t_data = time.perf_counter()
-        LOGGER.info("data: %d clients, %d training and %d test samples (%.1f s)", fed.num_clients, fed.num_train,
-                    fed.num_test, t_data - t_ray)
+        local = fed.local_test()
+        LOGGER.info("data: %d clients, %d training%s and %d test samples (%.1f s)", fed.num_clients, fed.num_train,
+                    "" if local is None else f", {local.num_train} local test", fed.num_test, t_data - t_ray)
         for key, value in fed.description.items():  # how the source read its file (-v), also in data/federated.json
             LOGGER.debug("data: %s %s", key, value)
         if cfg.backend == "ray":  # logged after the data: a mistake in them stays the only line

@@ -62,6 +62,42 @@ def test_partition_seed_fixes_the_data_across_experiment_seeds(tmp_path):
         assert pq.read_table(getattr(a, path)).equals(pq.read_table(getattr(c, path)))
 
 
+def _client_rows(path) -> dict[int, np.ndarray]:
+    """Each client's rows of a federated file as one sorted array of (features, label) rows."""
+    cid, x, y = federated._table_arrays(pq.read_table(path))
+    rows = np.column_stack([x.reshape(len(x), -1), y])
+    return {int(c): np.unique(rows[cid == c], axis=0) for c in np.unique(cid)}
+
+
+def test_each_client_holds_out_a_stratified_local_test_split_of_its_training_rows(tmp_path):
+    """data.local_test_fraction: floor(0.25 n_c) of each client's training rows, apportioned over its labels (each
+    label's count within 1 of 0.25 of the client's), and the two files together are the unsplit build's rows; the
+    server's test set is untouched."""
+    whole = digits(tmp_path, kind="dirichlet")
+    split = digits(tmp_path / "split", kind="dirichlet", local_test_fraction=0.25)
+    local = split.local_test()
+    assert local is not None and whole.local_test() is None
+    assert np.array_equal(local.client_sizes, np.floor(0.25 * whole.client_sizes))
+    assert np.array_equal(split.client_sizes + local.client_sizes, whole.client_sizes)
+    assert split.num_train + local.num_train == whole.num_train
+    assert pq.read_table(split.test_path).equals(pq.read_table(whole.test_path))
+    rows, train, held = (_client_rows(f.train_path) for f in (whole, split, local))
+    for c, mine in rows.items():
+        both = np.concatenate([train[c], held.get(c, np.zeros((0, mine.shape[1])))])
+        assert np.array_equal(np.unique(both, axis=0), mine)
+        labels, got = (np.bincount(r[:, -1].astype(np.int64), minlength=10) for r in (mine, held.get(c, mine[:0])))
+        assert np.all(np.abs(got - 0.25 * labels) < 1)
+    again = FederatedData.from_dict(split.to_dict()).local_test()
+    assert again is not None and np.array_equal(again.client_sizes, local.client_sizes)
+
+
+def test_a_local_test_fraction_that_holds_out_nothing_is_a_data_error(tmp_path):
+    from raysim.errors import DataError
+
+    with pytest.raises(DataError, match=r"data.local_test_fraction: 0.005 holds out no sample of any client"):
+        digits(tmp_path, local_test_fraction=0.005)
+
+
 def test_read_clients_returns_exactly_those_rows_as_in_pandas(tmp_path):
     fd = digits(tmp_path, kind="dirichlet")
     got = read_clients(fd.train_path, np.array([7, 2, 7]))
@@ -263,15 +299,19 @@ def small_groups(monkeypatch):
 
 
 def test_a_source_of_client_blocks_builds_the_pooled_builds_files_byte_for_byte(tmp_path, small_groups, own_sources):
-    """Built a block of clients at a time, synthetic gives the very files (train, test, sizes) of the same samples
-    built pooled: the same holdout per client and label, the same row order within a client, the same row groups."""
+    """Built a block of clients at a time, synthetic gives the very files (train, test, sizes; the local test split
+    with seed 5) of the same samples built pooled: the same holdout per client and label, the same row order within
+    a client, the same row groups."""
     whole = _pooled("synthetic")
-    for seed in (0, 5):
-        cfg = dict(num_clients=120, synthetic_samples=3000, partition={"kind": "natural", "min_size": 2})
+    for seed, local in ((0, 0.0), (5, 0.3)):
+        cfg = dict(num_clients=120, synthetic_samples=3000, partition={"kind": "natural", "min_size": 2},
+                   local_test_fraction=local)
         blocks = build_federated(DataConfig(source="synthetic", **cfg), seed, tmp_path / f"blocks-{seed}")
         pooled = build_federated(DataConfig(source=whole, **cfg), seed, tmp_path / f"pooled-{seed}")
-        assert pq.ParquetFile(blocks.train_path).metadata.num_row_groups > 3000 * 0.8 / 40
-        for name in ("train.parquet", "test.parquet", "client_sizes.npy"):
+        assert pq.ParquetFile(blocks.train_path).metadata.num_row_groups > 3000 * 0.8 / 40 * (1 - local)
+        names = ("local_test.parquet", "local_test_sizes.npy") if local else ()
+        assert all((blocks.train_path.parent / name).exists() for name in names)
+        for name in ("train.parquet", "test.parquet", "client_sizes.npy", *names):
             assert (blocks.train_path.parent / name).read_bytes() == (pooled.train_path.parent / name).read_bytes(), name
         assert (blocks.num_train, blocks.num_test) == (pooled.num_train, pooled.num_test)
 

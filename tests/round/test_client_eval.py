@@ -65,14 +65,47 @@ def test_a_run_writes_the_evaluated_clients_and_summarizes_them(tmp_path):
     assert pd.isna(result.rounds.set_index("round").loc[1].get("client_accuracy_mean"))
 
 
+@pytest.mark.parametrize("fraction", [0.3, 0.0097])
+def test_clients_are_evaluated_on_their_held_out_local_rows(fraction, tmp_path):
+    """data.local_test_fraction: each client's metrics at the last round are the final model's on its local test
+    rows alone (floor(fraction n_c) of them; at 0.0097, one row of the clients of 104 to 181 and none, so NaN, of
+    those of 68 and 101), and training sees only the rest."""
+    from raysim.data import build_federated, read_clients
+    from raysim.results.export import load_federated
+
+    cfg = {**CFG, "data": {**CFG["data"], "local_test_fraction": fraction}, "eval": {"every": 2, "clients": "all"},
+           "checkpoint": {"every": 4}}
+    result = raysim.run(cfg, out=tmp_path / "run", progress=False)
+    whole = build_federated(load_config(CFG).data, CFG["seed"], tmp_path / "whole")
+    fed = load_federated(tmp_path / "run", load_config(cfg))
+    ev = result.client_eval[result.client_eval["round"] == 4].set_index("client_id")
+    assert set(ev["split"]) == {"local_test"}
+    assert ev["samples"].tolist() == np.floor(fraction * whole.client_sizes).astype(int).tolist()
+    assert np.array_equal(fed.client_sizes, whole.client_sizes - ev["samples"].to_numpy())
+    module = result.model()
+    held = [c for c in range(12) if ev.loc[c, "samples"]]
+    for c, (x, y) in read_clients(fed.local_test_path, held).items():
+        x, y = torch.tensor(x), torch.tensor(y)
+        with torch.no_grad():
+            out = module(x)
+        assert ev.loc[c, "loss"] == pytest.approx(float(F.cross_entropy(out, y)), rel=1e-5)
+        assert ev.loc[c, "accuracy"] == pytest.approx(float((out.argmax(1) == y).double().mean()))
+    assert ev.loc[ev["samples"] == 0, "accuracy"].isna().all() and ev["accuracy"].notna().sum() == len(held)
+    assert len(held) == (12 if fraction == 0.3 else 10)
+
+
 def test_federated_evaluation_is_bitwise_the_same_for_every_packing_and_backend(ray_cluster, tmp_path):
-    cfg = {**CFG, "eval": {"every": 2, "clients": {"sample": 7}}}
-    local = raysim.run(cfg, out=tmp_path / "local", progress=False)
-    assert len(local.client_eval) == 14
-    for name, cluster in {"two-actors": {"num_actors": 2, "driver_shard": False}}.items():
-        other = raysim.run({**cfg, "backend": "ray", "cluster": cluster}, out=tmp_path / name, progress=False)
-        pd.testing.assert_frame_equal(local.client_eval, other.client_eval)
-        pd.testing.assert_frame_equal(reproducible(local.rounds), reproducible(other.rounds))
+    """With and without local test rows; shards holding their rows in memory or reading them from disk."""
+    for local in (0.0, 0.3):
+        cfg = {**CFG, "data": {**CFG["data"], "local_test_fraction": local}, "eval": {"every": 2, "clients": {"sample": 7}}}
+        memory = raysim.run(cfg, out=tmp_path / f"memory-{local}", progress=False)
+        assert len(memory.client_eval) == 14
+        runs = {"disk": {**cfg, "data": {**cfg["data"], "client_rows": "disk"}},
+                "two-actors": {**cfg, "backend": "ray", "cluster": {"num_actors": 2, "driver_shard": False}}}
+        for name, other_cfg in runs.items():
+            other = raysim.run(other_cfg, out=tmp_path / f"{name}-{local}", progress=False)
+            pd.testing.assert_frame_equal(memory.client_eval, other.client_eval)
+            pd.testing.assert_frame_equal(reproducible(memory.rounds), reproducible(other.rounds))
 
 
 def test_clients_evaluation_is_refused_where_the_algorithm_cannot_do_it(tmp_path):
@@ -81,3 +114,21 @@ def test_clients_evaluation_is_refused_where_the_algorithm_cannot_do_it(tmp_path
     with pytest.raises(ConfigError, match="eval.clients.sample: 20 exceeds data.num_clients=12"):
         load_config({**CFG, "eval": {"clients": {"sample": 20}}})
 
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_a_shard_of_clients_without_local_test_rows_has_empty_blocks(stored, tmp_path):
+    """client_rows of clients with no local test row (clients 1 and 11 at 0.0097: 68 and 101 samples): zero-size
+    blocks in memory and on disk alike, beside a client that has its one row."""
+    from raysim.data import build_federated, read_clients
+    from raysim.round.shard import client_rows
+
+    rows = "disk" if stored else "memory"
+    cfg = load_config({**CFG, "data": {**CFG["data"], "local_test_fraction": 0.0097, "client_rows": rows}})
+    local = build_federated(cfg.data, cfg.seed, tmp_path).local_test()
+    assert local is not None
+    for clients in ([1, 11], [0, 1, 11]):
+        batch = client_rows(local, clients, torch.float32, "cpu", stored).batch(np.array(clients))
+        assert batch.sizes.tolist() == [1, 0, 0][-len(clients):] and len(batch.x) == sum(batch.sizes)
+    x, _ = read_clients(local.train_path, [0])[0]
+    assert np.array_equal(batch.client(0).x.numpy(), x)
