@@ -141,7 +141,7 @@ def sweep(
     if config is not None:
         _require_command(config, "sweep", "run")
     result = run_sweep(config, overrides or [], address=address, out=out, resume=resume, verbose=0 if quiet else 1)
-    console.print(summary_table(result))
+    console.print(summary_table(result, console.width))
     console.print(f"results: {result.sweep_dir / 'sweep_results.parquet'}"
                   + (f", {result.sweep_dir / 'sweep_configs.parquet'}" if result.configs is not None else ""))
     if result.best is None:

@@ -120,38 +120,67 @@ def trial_dirs(sweep_dir: Path) -> list[Path]:
     return [Path(d) for d in dirs if (Path(d) / "rounds.parquet").exists()]
 
 
-def summary_table(result: SweepResult) -> Table:
-    """The trials (or with seeds, the configurations: mean ± std) as a rich table, best first, with the
-    best one and its metrics in the caption."""
+def summary_table(result: SweepResult, width: int = 160) -> Table:
+    """The trials (or with seeds, the configurations: mean ± std) as a rich table, best first, with the best one
+    and its metrics in the caption. Headers are the swept keys' shortest distinct names (the full ones in the
+    caption) and no cell is cut: where the columns do not fit in `width` characters (an 80-column terminal), each
+    row becomes one cell of `name=value` words that wraps between them."""
     from rich.table import Column, Table
 
     m, by_config = result.metric, result.configs is not None
     rows = result.configs if result.configs is not None else result.trials
     rank = f"{m}_mean" if by_config else m
-    head = ["seeds"] if by_config else [Column("trial", no_wrap=True), "status"]
-    table = Table(*head, *result.keys, "rounds", m, f"best {m}", "sim_time",
-                  title=f"sweep {result.sweep_dir.name}: {m} ({result.mode})")
+    names = short_names(result.keys)
+    head = ["seeds"] if by_config else ["trial", "status"]
+    heads = [*head, *names.values(), "rounds", m, "best", "sim_time"]
     order = rows.sort_values(rank, ascending=result.mode == "min", na_position="last") if rank in rows else rows
+    cells, styles = [], []
     for i, t in order.iterrows():
-        style = "bold green" if result.best is not None and i == result.best.name else None
-        cells = [str(t["seeds"])] if by_config else [t["trial_id"], t["status"]]
+        styles.append("bold green" if result.best is not None and i == result.best.name else None)
         numbers = [_spread(t, c) if by_config else _fmt(t.get(c)) for c in ("rounds_done", m, f"best_{m}", "sim_time")]
-        table.add_row(*cells, *[_fmt(t[k]) for k in result.keys], *numbers, style=style)
+        cells.append([*([str(t["seeds"])] if by_config else [t["trial_id"], t["status"]]),
+                      *[_fmt(t[k]) for k in result.keys], *numbers])
+    title = f"sweep {result.sweep_dir.name}: {m} ({result.mode})"
+    widths = [max([len(h), *(len(r[j]) for r in cells)]) for j, h in enumerate(heads)]
+    if sum(widths) + 3 * len(widths) + 1 <= width:
+        table = Table(*(Column(h, no_wrap=True) for h in heads), title=title)
+        for row, style in zip(cells, styles):
+            table.add_row(*row, style=style)
+    else:  # one row a line of words: `lr=0.1  mu=0.01  test_accuracy=0.87±0.01`
+        table = Table(heads[0], "values", title=title)
+        for row, style in zip(cells, styles):
+            table.add_row(row[0], "  ".join(f"{h}={v.replace(' ± ', '±')}" for h, v in zip(heads[1:], row[1:])),
+                          style=style)
+    legend = [f"{n}: {k}" for k, n in names.items() if n != k]
+    lines = [", ".join([*legend, f"best: the best {m} of any round"])]
     if result.best is None:
-        lines = ["no trial reported the metric"]
+        lines.append("no trial reported the metric")
     else:
         b = result.best
         config = ", ".join(f"{k}={_fmt(b[k])}" for k in result.keys)
         shown = [c for c in (m, "test_accuracy", "test_loss", "train_loss", "sim_time", "gamma")
                  if (f"{c}_mean" if by_config else c) in b]
         what = f"{b['seeds']} seeds" if by_config else b["trial_id"]
-        lines = [f"best: {what}  {config}  ->  " + ", ".join(
-            f"{c}={_spread(b, c) if by_config else _fmt(b[c])}" for c in dict.fromkeys(shown))]
+        lines.append(f"best: {what}  {config}  ->  " + ", ".join(
+            f"{c}={_spread(b, c) if by_config else _fmt(b[c])}" for c in dict.fromkeys(shown)))
     errors = result.trials["error"].dropna()
     if len(errors):
         lines.append(f"{len(errors)} failed, e.g. {errors.iloc[0]}")
     table.caption = "\n".join(lines)
     return table
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Each dotted key's shortest trailing part that no other key ends with (`algorithm.lr` -> `lr`)."""
+    parts = {k: k.split(".") for k in keys}
+    out = {}
+    for k, p in parts.items():
+        for n in range(1, len(p) + 1):
+            name = ".".join(p[-n:])
+            if not any(o != k and (o == name or o.endswith("." + name)) for o in keys):
+                break
+        out[k] = name
+    return out
 
 
 def _spread(row: pd.Series, column: str) -> str:
