@@ -320,12 +320,16 @@ def _schedule_problems(cfg: ExperimentConfig) -> list[str]:
 
 
 def _privacy_problems(cfg: ExperimentConfig) -> list[str]:
-    """What keeps `privacy:` from holding for this run: an algorithm that does not clip and noise its updates, and a
-    target ε no noise reaches."""
+    """What keeps `privacy:` from holding for this run: an algorithm that does not clip and noise its updates, clients
+    selected among those online (not the uniform sampling the accountant assumes), and a target ε no noise reaches."""
     algo = ALGORITHMS.lookup(cfg.algorithm.name)
     if not getattr(algo, "supports_privacy", False):
         return [f"privacy: algorithm {cfg.algorithm.name!r} has no DP-FedAvg form (fedavg, fedprox and the FedOpt"
                 " server optimizers have); remove the privacy section"]
+    if cfg.system.availability.kind != "always":
+        return [f"privacy: the accountant assumes each round's clients drawn uniformly from all "
+                f"{cfg.data.num_clients}, but system.availability {cfg.system.availability.kind!r} selects only online"
+                " ones, so the stated ε would not bound the privacy spent; use availability 'always'"]
     p = cfg.privacy
     assert p is not None
     z = p.noise_multiplier

@@ -116,3 +116,13 @@ def test_clients_per_actor_alone_decides_the_actors_over_a_files_num_actors():
     quickstart = Path(__file__).parents[2] / "configs" / "fedavg" / "quickstart.yaml"
     cfg = load_config(quickstart, ["cluster.clients_per_actor=1", "data.num_clients=6", "algorithm.clients_per_round=3"])
     assert cfg.cluster.num_actors == 2 and cfg.actor_layout(2) == (6, 1)
+
+
+def test_every_bundled_experiment_config_validates():
+    """Each experiment config under configs/ loads, DP-FedAvg's dp.yaml included; the attack command's file is that
+    command's own (no experiment in it)."""
+    files = sorted((Path(__file__).parents[2] / "configs").glob("*/*.yaml"))
+    assert len(files) > 30
+    for path in files:
+        if read_yaml(path.read_text()).get("command") != "attack":
+            load_config(path)

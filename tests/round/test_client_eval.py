@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import raysim
+from raysim import register_algorithm
+from raysim.algorithms.fedavg import FedAvg
 from raysim.config import load_config
-from raysim.contract import ClientBatch
+from raysim.contract import ClientBatch, Steps
 from raysim.errors import ConfigError
 from raysim.results.tables import reproducible
 
@@ -132,3 +134,34 @@ def test_a_shard_of_clients_without_local_test_rows_has_empty_blocks(stored, tmp
         assert batch.sizes.tolist() == [1, 0, 0][-len(clients):] and len(batch.x) == sum(batch.sizes)
     x, _ = read_clients(local.train_path, [0])[0]
     assert np.array_equal(batch.client(0).x.numpy(), x)
+
+
+@register_algorithm("fedavg_personal")
+class FedAvgPersonal(FedAvg):
+    """A personalization plugin's shape: a client state (here the rounds the client trained) that its federated
+    evaluation reads through `cstates`."""
+
+    def client_init(self, client):
+        return 0
+
+    def step_batch(self, cstates, batch, broadcast, keys):
+        out = super().step_batch(None, batch, broadcast, keys)
+        return Steps(out.replies, [s + 1 for s in cstates], out.costs)
+
+    def evaluate_clients(self, payload, cstates, batch):
+        return {**super().evaluate_clients(payload, None, batch), "trained": np.array(cstates, dtype=np.float64)}
+
+
+def test_a_plugin_evaluates_each_client_with_its_own_state(ray_cluster, tmp_path):
+    """`evaluate_clients` gets each evaluated client's state as its steps left it (the rounds it trained up to the
+    evaluated round, from clients.parquet), on the local backend and on Ray's actors alike."""
+    cfg = {**CFG, "algorithm": {**CFG["algorithm"], "name": "fedavg_personal"}, "eval": {"every": 2, "clients": "all"}}
+    local = raysim.run(cfg, out=tmp_path / "local", progress=False)
+    for r in (2, 4):
+        trained = local.clients[local.clients["round"] <= r]["client_id"].value_counts()
+        got = local.client_eval[local.client_eval["round"] == r].set_index("client_id")["trained"]
+        assert got.tolist() == [float(trained.get(c, 0)) for c in range(12)]
+    assert local.client_eval["trained"].max() >= 2
+    ray = raysim.run({**cfg, "backend": "ray", "cluster": {"num_actors": 2, "driver_shard": False}},
+                     out=tmp_path / "ray", progress=False)
+    pd.testing.assert_frame_equal(local.client_eval, ray.client_eval)

@@ -28,6 +28,17 @@ def test_a_target_epsilon_is_met_at_the_last_round(tmp_path):
     assert (rounds["noise_multiplier"] == z).all() and rounds["epsilon"].iloc[-1] <= 4.0 < epsilon_after(30, 10, 0.99 * z, 6, 1e-4)
 
 
+@pytest.mark.parametrize("name", ["fedprox", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "fedavg_counting"])
+def test_every_localsgd_algorithm_runs_private(name, tmp_path):
+    """fedprox, the FedOpt server optimizers and a LocalSGD plugin (tests/conftest.py's fedavg_counting) take
+    `privacy:`: their rounds report the accountant's ε and differ from the same run without privacy."""
+    cfg = {**CFG, "algorithm": {**CFG["algorithm"], "name": name, "rounds": 3}}
+    private = raysim.run(cfg, out=tmp_path / "private", progress=False).rounds
+    plain = raysim.run({**cfg, "privacy": None}, out=tmp_path / "plain", progress=False).rounds
+    assert private["epsilon"].tolist() == [epsilon_after(30, 10, 0.8, t, 1e-5) for t in range(1, 4)]
+    assert "epsilon" not in plain and (private["train_loss"] != plain["train_loss"]).all()
+
+
 ADAPTIVE = {**CFG, "privacy": {"clip": 5.0, "noise_multiplier": 0.8, "adaptive_clip": {"quantile": 0.5, "lr": 0.5}}}
 
 
@@ -54,6 +65,9 @@ def test_private_runs_are_bitwise_the_same_on_both_backends(ray_cluster, tmp_pat
     ({"privacy": {"clip": 1.0, "target_epsilon": 1e-9, "delta": 1e-9}}, "privacy.target_epsilon: no noise multiplier"),
     ({"privacy": {"clip": 1.0, "noise_multiplier": 2.0, "adaptive_clip": {"count_noise": 0.5}}},
      "privacy.adaptive_clip.count_noise: 0.5 must exceed the noise multiplier's half, 1"),
+    ({"system": {"availability": {"kind": "bernoulli", "p": 0.5}}},
+     "privacy: the accountant assumes each round's clients drawn uniformly from all 30, but system.availability"
+     " 'bernoulli' selects only online ones"),
 ])
 def test_what_dp_fedavg_cannot_hold_is_refused(change, message):
     with pytest.raises(ConfigError, match=message):
