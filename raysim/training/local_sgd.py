@@ -297,7 +297,10 @@ def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: 
     n3, b3 = n[:, None, None], b[:, None, None]
     draw = torch.clamp(e_ax * n3 + j_ax, max=u.shape[1] - 1)  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
     drawn = torch.gather(u, 1, draw.reshape(len(n), -1)).reshape(draw.shape)
-    perm = torch.argsort(torch.where(j_ax < n3, drawn, 2.0), dim=2, stable=True)  # [k, E, N]: each pass's, padding last
+    keyed = torch.where(j_ax < n3, drawn, 2.0)  # [k, E, N]: each pass's permutation, padding last
+    # a stable sort's order is unique, so NumPy's (a third faster on the host's short rows) is torch's, bit for bit
+    perm = (torch.from_numpy(np.argsort(keyed.numpy(), axis=2, kind="stable")) if on.type == "cpu"
+            else torch.argsort(keyed, dim=2, stable=True))
     s_ax, t_ax = torch.arange(S, device=on)[None, :, None], torch.arange(width, device=on)[None, None, :]
     epoch, chunk = torch.div(s_ax, per_epoch[:, None, None], rounding_mode="floor"), s_ax % per_epoch[:, None, None]
     pos = chunk * b3 + t_ax  # [k, S, width]
