@@ -143,13 +143,16 @@ def plain_shape(res) -> tuple:
     return state.params.shape
 
 
-@pytest.mark.parametrize("algorithm, before_the_run", [("fedavg", True), ("fedavg_undeclared", False)])
-def test_a_metric_the_run_lacks_is_one_line(tmp_path, capsys, algorithm, before_the_run):
-    """Checked against the metrics the algorithm declares before anything starts (no run directory); an algorithm
-    that declares none is checked at its first evaluated round, and its run says why it failed."""
+@pytest.mark.parametrize("algorithm, before_the_run, kind", [("fedavg", True, "best_model"),
+                                                              ("fedavg", True, "early_stopping, patience: 3"),
+                                                              ("fedavg_undeclared", False, "best_model")])
+def test_a_metric_the_run_lacks_is_one_line(tmp_path, capsys, algorithm, before_the_run, kind):
+    """Checked against the metrics the algorithm declares before anything starts (no run directory), for every
+    callback that watches a metric; an algorithm that declares none is checked at its first evaluated round, and
+    its run says why it failed."""
     out = tmp_path / "lacks"
     status = main(["run", QUICK, "backend=local", "algorithm.rounds=2", "data.num_clients=20", f"algorithm.name={algorithm}",
-                   "callbacks=[{kind: best_model, metric: test_acc}]", "--out", str(out), "-q"])
+                   f"callbacks=[{{kind: {kind}, metric: test_acc}}]", "--out", str(out), "-q"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "callbacks.0.metric: 'test_acc'" in err[0] and "test_accuracy" in err[0]
     if before_the_run:
