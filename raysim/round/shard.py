@@ -224,18 +224,21 @@ class ClientShard:
         for round, clients, broadcast in replay:
             self._steps(round, clients, broadcast)
 
-    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False) -> tuple[Steps, np.ndarray]:
-        """The clients' steps for `round` (updating their states) as columns, and the CPU seconds of each (this
-        process's); a batched step's time is split in proportion to oracle calls. `fail` kills the process
-        after the first client's step."""
+    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False,
+               finish: Callable[[slice, Steps], Any] | None = None) -> tuple[Steps, np.ndarray, list | None]:
+        """The clients' steps for `round` (updating their states) as columns, the CPU seconds of each (this
+        process's; a batched step's time is split in proportion to oracle calls) and, for a batched step on the CPU,
+        `finish` of each chunk's slice and steps, run in its thread (else None). `fail` kills the process after the
+        first client's step."""
         broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
         ids = np.asarray(clients, dtype=np.int64)  # and on the local backend it is the server's own object
         if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
             first = int(ids[0])
             self.algo.step(self.states[first], self.data[first], broadcast, stream(self.cfg.seed, round, first, "step"))
             os._exit(1)
+        finished = None
         if self.cfg.algorithm.vectorize and self.batched:
-            out, cpu = self._batch_steps(round, ids, broadcast)
+            out, cpu, finished = self._batch_steps(round, ids, broadcast, finish)
         else:
             t0 = time.process_time()
             datas = [self.data[c] for c in clients]
@@ -255,7 +258,7 @@ class ClientShard:
         if out.states is not None:
             for c, s in zip(clients, out.states):
                 self.states[c] = s
-        return out, cpu
+        return out, cpu, finished
 
     def _map(self, fn: Callable[[slice], T], k: int, split: bool = True) -> list[T]:
         """fn of consecutive slices of k clients: on the shard's threads, a chunk each, where k is large enough
@@ -266,25 +269,33 @@ class ClientShard:
         bounds = np.linspace(0, k, n + 1).astype(int)
         return list(self.pool.map(fn, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]))
 
-    def _batch_steps(self, round: int, ids: np.ndarray, broadcast: Any) -> tuple[Steps, np.ndarray]:
-        """`step_batch` of the clients `ids`, in chunks on the shard's threads, and each client's CPU seconds (its
-        chunk's time split in proportion to oracle calls)."""
+    def _batch_steps(self, round: int, ids: np.ndarray, broadcast: Any, finish: Callable[[slice, Steps], Any] | None = None
+                     ) -> tuple[Steps, np.ndarray, list | None]:
+        """`step_batch` of the clients `ids`, in chunks on the shard's threads, each client's CPU seconds (its
+        chunk's time split in proportion to oracle calls) and, on the CPU, `finish(slice, steps)` of each chunk in
+        its thread (None otherwise, or without `finish`). A chunk whose `finish` gives (..., parts) with parts has
+        used its replies: the joined Steps then carry none."""
         split = self.device == "cpu"  # a GPU takes the whole batch at once
         clock = time.thread_time if self.pool is not None and split else time.process_time  # a chunk's CPU is its thread's
+        finish = finish if split else None
 
-        def run(s: slice) -> tuple[Steps, np.ndarray]:
+        def run(s: slice) -> tuple[Steps, np.ndarray, Any]:
             t0, part = clock(), ids[s]
             states = None if self.stateless else [self.states[c] for c in part.tolist()]
             out = self.algo.step_batch(states, self.data.batch(part), broadcast, Keys(self.cfg.seed, round, part, "step"))
-            return out, _shares(out.costs.oracle_calls, clock() - t0)
+            cpu = _shares(out.costs.oracle_calls, clock() - t0)
+            return out, cpu, None if finish is None else finish(s, out)
 
         done = self._map(run, len(ids), split)
+        outs = [o for o, _, _ in done]
+        finished = None if finish is None else [f for _, _, f in done]
+        used = finished is not None and all(f[1] is not None for f in finished)  # the replies went into the parts
         if len(done) == 1:
-            return done[0]
-        outs = [o for o, _ in done]
+            return Steps(None if used else outs[0].replies, outs[0].states, outs[0].costs), done[0][1], finished
         states = None if any(o.states is None for o in outs) else [s for o in outs for s in o.states or []]
-        return (Steps(concat_rows([o.replies for o in outs]), states, Costs.concat([o.costs for o in outs])),
-                np.concatenate([c for _, c in done]))
+        replies = None if used else concat_rows([o.replies for o in outs])
+        return (Steps(replies, states, Costs.concat([o.costs for o in outs])), np.concatenate([c for _, c, _ in done]),
+                finished)
 
     def evaluate(self, clients: np.ndarray, payload: Any) -> dict[str, np.ndarray]:
         """Federated evaluation of `clients` (sorted ids) with the server's `payload` (the algorithm's
@@ -304,14 +315,34 @@ class ClientShard:
         """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
-        out, cpu = self._steps(round, clients, broadcast, fail)
         u = self.system.compute_uniforms(round, ids)  # one draw of the round's stream, the quantiles on the threads
-        times = np.concatenate(self._map(lambda s: self.system.client_compute_times(round, ids[s], out.costs.take(s), u[s]),
-                                         len(ids))) if len(ids) else np.zeros(0)
+        in_order = bool(np.all(ids[1:] >= ids[:-1]))
+
+        def finish(s: slice, steps: Steps) -> tuple[np.ndarray, list[Part] | None]:
+            """In a chunk's thread: its clients' compute times and, with `reduce`, its blocks of the tree (the shard's
+            blocks cut at the chunk's first id and the next chunk's: a finer cover of the same tree, the same bits)."""
+            times = self.system.client_compute_times(round, ids[s], steps.costs, u[s])
+            if not (reduce and in_order) or isinstance(steps.replies, list):
+                return times, None
+            kept = self.system.within_deadline(times)
+            lo = int(ids[s.start]) if s.start else 0
+            hi = int(ids[s.stop]) if s.stop < len(ids) else self.fed.num_clients
+            whole = s.stop - s.start == len(ids)  # one chunk, on this thread: the pool may share a wide field's columns
+            return times, reduce_stacked(ids[s][kept], steps.replies if kept.all() else take_rows(steps.replies, kept),
+                                         self._blocks_within(lo, hi), self.pool if whole else None, self.threads)
+
+        out, cpu, finished = self._steps(round, clients, broadcast, fail, finish)
+        if finished is not None:
+            times = np.concatenate([t for t, _ in finished])
+        else:
+            times = np.concatenate(self._map(lambda s: self.system.client_compute_times(round, ids[s], out.costs.take(s),
+                                                                                        u[s]), len(ids))) if len(ids) else np.zeros(0)
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
         replies: list = []
-        if reduce:
+        if reduce and out.replies is None and finished is not None:  # the chunks reduced their own replies
+            parts = [p for _, chunk in finished for p in chunk or []]
+        elif reduce:
             kept = self.system.within_deadline(times)
             if stacked:
                 parts = reduce_stacked(ids[kept], out.replies if kept.all() else take_rows(out.replies, kept), self.blocks,
@@ -322,6 +353,11 @@ class ClientShard:
         else:
             replies = unstack(out.replies, len(ids)) if stacked else out.replies
         return ShardResult(ids, out.costs, times, replies, cpu, parts)
+
+    def _blocks_within(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """This shard's blocks of the reduction tree cut to the ids lo..hi-1: the largest aligned blocks in both."""
+        return [b for s, z in self.blocks if max(s, lo) < min(s + z, hi)
+                for b in cover(range(max(s, lo), min(s + z, hi)), self.fed.num_clients)]
 
 
 def _shares(calls: np.ndarray, seconds: float) -> np.ndarray:
