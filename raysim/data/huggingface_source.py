@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raysim.core.distribution import needs_extra
 from raysim.data.columns import features, is_feature
 from raysim.data.partition import NATURAL
-from raysim.data.sources import Source, class_indices, class_labels, register_source
+from raysim.data.sources import Source, class_indices, register_source
 from raysim.errors import DataError
 
 if TYPE_CHECKING:
@@ -139,14 +139,13 @@ def huggingface(cfg: DataConfig, seed: int) -> Source:
         shapes.add((x.shape[1], image_shape))
     if len(shapes) > 1:
         raise DataError(f"data.options: the splits of {options.path} have samples of different shapes {list(shapes)}")
-    labels = np.concatenate(ys)
-    y, found = class_indices(labels)
+    y, found, classes = class_indices(np.concatenate(ys))
     label_feature = parts[0].features[options.label]
     num_classes = max(found, getattr(label_feature, "num_classes", 0) or 0)
     x = np.concatenate(xs)
     test = np.concatenate([np.full(len(p), i == 1) for i, p in enumerate(xs)])
     described = {"dataset": str(options.path), "label_column": options.label, "feature_columns": columns,
-                 "client_column": client, "classes": getattr(label_feature, "names", None) or class_labels(labels)}
+                 "client_column": client, "classes": getattr(label_feature, "names", None) or classes}
     natural = np.unique(np.concatenate(owners), return_inverse=True)[1].astype(np.int64) if client else None
     return Source(x, y, (x.shape[1],), num_classes, natural_clients=natural, image_shape=shapes.pop()[1],
                   test_mask=test if len(parts) == 2 else None, description=described)

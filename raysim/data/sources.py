@@ -326,20 +326,13 @@ def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, siz
     return x.astype(np.float32), np.argmax(logits + b[owner], axis=1)
 
 
-def class_labels(values: np.ndarray) -> list[Any] | None:
-    """The original label of each class index `class_indices` gives (its sorted unique values), or None where the
-    labels are their own indices."""
+def class_indices(values: np.ndarray) -> tuple[np.ndarray, int, list[Any] | None]:
+    """Class indices, their count and the label each index stands for: non-negative integer labels as they are
+    (None: each label is its own index), anything else numbered by sorted unique value (those values)."""
     if np.issubdtype(values.dtype, np.integer) and (len(values) == 0 or values.min() >= 0):
-        return None
-    return np.unique(values).tolist()
-
-
-def class_indices(values: np.ndarray) -> tuple[np.ndarray, int]:
-    """Class indices: non-negative integer labels as they are, anything else by sorted unique value."""
-    if np.issubdtype(values.dtype, np.integer) and (len(values) == 0 or values.min() >= 0):
-        return values.astype(np.int64), int(values.max()) + 1 if len(values) else 0
+        return values.astype(np.int64), int(values.max()) + 1 if len(values) else 0, None
     classes, index = np.unique(values, return_inverse=True)
-    return index.astype(np.int64), len(classes)
+    return index.astype(np.int64), len(classes), classes.tolist()
 
 
 def _unreadable(path: str, e: Exception) -> DataError:
@@ -408,12 +401,11 @@ def parquet(cfg: DataConfig, seed: int) -> Source:
     if nulls:
         raise DataError(f"data.path: columns {nulls} of {path} contain nulls")
     x, image_shape = features(table, columns, cfg.feature_shape, path)
-    y, num_classes = class_indices(table.column(cfg.label_column).to_numpy())
+    y, num_classes, classes = class_indices(table.column(cfg.label_column).to_numpy())
     natural = None
     if has_clients:
         natural = np.unique(table.column(cfg.client_column).to_numpy(), return_inverse=True)[1].astype(np.int64)
-    labels = table.column(cfg.label_column).to_numpy()
     described = {"file": str(path), "label_column": cfg.label_column, "feature_columns": columns,
-                 "client_column": cfg.client_column if has_clients else None, "classes": class_labels(labels)}
+                 "client_column": cfg.client_column if has_clients else None, "classes": classes}
     return Source(x, y, (x.shape[1],), num_classes, natural_clients=natural, image_shape=image_shape,
                   description=described)

@@ -134,7 +134,7 @@ def torchvision_dataset(cfg: DataConfig, seed: int) -> Source:
     if len(shapes) > 1:
         raise DataError(f"data.options.name: the splits of torchvision {options.name} have images of shapes {sorted(shapes)}")
     x = np.concatenate([p[0] for p in parts])
-    y, found = class_indices(np.concatenate([p[1] for p in parts]))
+    y, found, _ = class_indices(np.concatenate([p[1] for p in parts]))
     test = np.concatenate([np.full(len(p[1]), i == 1) for i, p in enumerate(parts)])
     shape = tuple(int(s) for s in x.shape[1:])
     return Source(x.reshape(len(x), -1), y, (int(np.prod(shape)),), max(found, *(p[2] for p in parts)),

@@ -318,10 +318,13 @@ class ClientShard:
         u = self.system.compute_uniforms(round, ids)  # one draw of the round's stream, the quantiles on the threads
         in_order = bool(np.all(ids[1:] >= ids[:-1]))
 
+        def times_of(s: slice, costs: Costs) -> np.ndarray:
+            return self.system.client_compute_times(round, ids[s], costs, u[s])
+
         def finish(s: slice, steps: Steps) -> tuple[np.ndarray, list[Part] | None]:
             """In a chunk's thread: its clients' compute times and, with `reduce`, its blocks of the tree (the shard's
             blocks cut at the chunk's first id and the next chunk's: a finer cover of the same tree, the same bits)."""
-            times = self.system.client_compute_times(round, ids[s], steps.costs, u[s])
+            times = times_of(s, steps.costs)
             if not (reduce and in_order) or isinstance(steps.replies, list):
                 return times, None
             kept = self.system.within_deadline(times)
@@ -335,8 +338,7 @@ class ClientShard:
         if finished is not None:
             times = np.concatenate([t for t, _ in finished])
         else:
-            times = np.concatenate(self._map(lambda s: self.system.client_compute_times(round, ids[s], out.costs.take(s),
-                                                                                        u[s]), len(ids))) if len(ids) else np.zeros(0)
+            times = np.concatenate(self._map(lambda s: times_of(s, out.costs.take(s)), len(ids))) if len(ids) else np.zeros(0)
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
         replies: list = []
