@@ -26,13 +26,17 @@ def process_device(wanted: str, where: str) -> str:
 def deterministic_cuda(tf32: bool) -> None:
     """Set this process up before its first CUDA kernel: TF32 off unless asked for (`model.tf32`), cuDNN's
     deterministic kernels and no autotuning (its choice varies run to run), and torch's deterministic algorithms
-    (cuBLAS needs CUBLAS_WORKSPACE_CONFIG before its first call; an op with no deterministic form warns)."""
+    (cuBLAS needs CUBLAS_WORKSPACE_CONFIG before its first call; an op with no deterministic form warns). Torch's
+    debugging fill of every uninitialized tensor in that mode stays off: it is a kernel launch per allocation (a
+    third of a GPU round's), and raysim reads no memory it has not written (tests/round/test_gpu.py repeats runs
+    bit for bit)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
 
 
 def host(x: Any) -> Any:

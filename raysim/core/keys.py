@@ -28,15 +28,16 @@ def philox4x32(counter: Words, key: tuple[int, int]) -> Words:
 
     The words are int64 arrays, NumPy's or torch's (on any device) alike: a 32x32-bit product wraps in int64 with
     the same 64 bits as the unsigned product, and masking after the arithmetic shift recovers its high word, so
-    the one function runs on the host or where a GPU shard's tensors live."""
+    the one function runs on the host or where a GPU shard's tensors live. A product's low word is carried on
+    unmasked (only its low 32 bits reach an output, through an XOR masked after it): ten array operations a round."""
     c0, c1, c2, c3 = counter
     k0, k1 = key
     for r in range(_ROUNDS):
         if r:
             k0, k1 = (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
         p0, p1 = c0 * _M0, c2 * _M1
-        c0, c1, c2, c3 = ((p1 >> 32) & _LOW) ^ c1 ^ k0, p1 & _LOW, ((p0 >> 32) & _LOW) ^ c3 ^ k1, p0 & _LOW
-    return c0, c1, c2, c3
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _LOW, p1, ((p0 >> 32) ^ c3 ^ k1) & _LOW, p0
+    return c0, c1 & _LOW, c2, c3 & _LOW
 
 
 def purpose_word(purpose: str) -> int:
@@ -47,21 +48,32 @@ def purpose_word(purpose: str) -> int:
 def uniforms(seed: int, round: int, clients: np.ndarray, purpose: str, n: int, device: Any = None) -> Any:
     """n uniforms in [0, 1) for each client: [k, n] float64 with 53 random bits each, draw j of client c a function
     of (seed, round, c, purpose, j) only. A NumPy array, or with `device` the same numbers as a tensor there."""
-    ids = np.asarray(clients, dtype=np.int64).reshape(-1)
-    blocks = (n + 1) // 2  # one Philox call gives 128 bits: two doubles
-    block: Any
-    client: Any
-    if device is None:
-        block, client = np.arange(blocks, dtype=np.int64)[None, :], (ids + 1)[:, None] & _LOW
-    else:
-        block = torch.arange(blocks, dtype=torch.int64, device=device)[None, :]
-        client = torch.from_numpy(ids + 1).to(device)[:, None] & _LOW
-    counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
+    return grouped_uniforms(seed, round, [clients], purpose, [n], device)[0]
+
+
+def grouped_uniforms(seed: int, round: int, groups: list[np.ndarray], purpose: str, counts: list[int],
+                     device: Any = None) -> list[Any]:
+    """`uniforms(seed, round, groups[g], purpose, counts[g])` of each group g of clients, from one evaluation of
+    Philox over all of their counters (a GPU's launches, the host's array calls, once for every group)."""
+    blocks = [(int(n) + 1) // 2 for n in counts]  # one Philox call gives 128 bits: two doubles
+    ids = [np.asarray(c, dtype=np.int64).reshape(-1) for c in groups]
+    lengths = [c.size * b for c, b in zip(ids, blocks)]
+    client = np.concatenate([np.repeat(c + 1, b) for c, b in zip(ids, blocks)]) & _LOW
+    block = np.concatenate([np.tile(np.arange(b, dtype=np.int64), c.size) for c, b in zip(ids, blocks)])
+    words: Any = (block, client)
+    if device is not None:  # one transfer, not waiting for the device's queued work
+        words = torch.from_numpy(np.stack(words)).to(device, non_blocking=True)
+    counter = (words[0], words[1], (int(round) + 1) & _LOW, purpose_word(purpose))
     w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
     # a double from two words: the top 53 of their 64 bits (hi << 21 | lo >> 11), exact in int64 and in float64
     bits = ((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11))
     both = np.stack(bits, -1).astype(np.float64) if device is None else torch.stack(bits, -1).to(torch.float64)
-    return (both * 2.0**-53).reshape(ids.size, blocks * 2)[:, :n]
+    both = both * 2.0**-53
+    out, at = [], 0
+    for c, b, n, size in zip(ids, blocks, counts, lengths):
+        out.append(both[at:at + size].reshape(c.size, 2 * b)[:, :n])
+        at += size
+    return out
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,10 @@ class Keys:
         """n uniforms in [0, 1) for every client, [k, n]; `purpose` names another stream of the same clients; with
         `device`, as a tensor there."""
         return uniforms(self.seed, self.round, self.clients, purpose or self.purpose, n, device)
+
+    def grouped_uniforms(self, groups: list[np.ndarray], counts: list[int], device: Any = None) -> list[Any]:
+        """`uniforms(counts[g])` of the clients at positions `groups[g]` of these keys, for every group at once."""
+        return grouped_uniforms(self.seed, self.round, [self.clients[g] for g in groups], self.purpose, counts, device)
 
     def __len__(self) -> int:
         return len(self.clients)

@@ -81,17 +81,28 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]],
     its bits, unchanged)."""
     if not len(ids):
         return []
-    ids = np.asarray(ids, dtype=np.int64)
     names = [f.name for f in dataclasses.fields(stacked)]
-    order = None if np.all(ids[1:] >= ids[:-1]) else np.argsort(ids, kind="stable")  # a round's clients are in order
+    order, pairs, nodes, starts, sizes = tree_schedule(np.asarray(ids, dtype=np.int64), blocks)
+    vals = {n: host(_tree_sums(getattr(stacked, n), order, pairs, nodes, pool, threads)) for n in names}
+    return [(int(s), int(z), type(stacked)(**{n: _scalar(vals[n][i]) for n in names})) for i, (s, z) in
+            enumerate(zip(starts, sizes))]
+
+
+Schedule = tuple[np.ndarray | None, list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray, np.ndarray]
+
+
+def tree_schedule(ids: np.ndarray, blocks: list[tuple[int, int]]) -> Schedule:
+    """The tree over the clients `ids` within their owned `blocks`, planned on the host: the order that sorts the
+    ids (None when sorted, as a round's are), each level's pairs (rows a, b: row a takes a + b; rows count the
+    leaves in id order), and the rows that end up holding the nodes, with each node's block (start, size)."""
+    order = None if np.all(ids[1:] >= ids[:-1]) else np.argsort(ids, kind="stable")
     rep = ids if order is None else ids[order]  # a leaf id of each node, left to right
-    sums = {n: _own_rows(getattr(stacked, n), order) for n in names}  # our own copies, summed into in place
-    row = np.arange(rep.size)  # the row of `sums` that holds each node's value
+    row = np.arange(rep.size)  # the row that holds each node's value
     starts = np.array([s for s, _ in blocks], dtype=np.int64)
     sizes = np.array([z for _, z in blocks], dtype=np.int64)
     block = np.searchsorted(starts, rep, side="right") - 1
     limit = sizes[block]  # a node rises no higher than its owned block
-    level, pairs = 0, []  # each level's (left rows, right rows): the schedule, planned on the host
+    level, pairs = 0, []
     while rep.size > 1 and (2 << level) <= limit.max():
         parent = rep >> (level + 1)
         pair = (parent[:-1] == parent[1:]) & ((2 << level) <= limit[:-1])
@@ -102,27 +113,53 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]],
             keep[left + 1] = False
             rep, block, limit, row = rep[keep], block[keep], limit[keep], row[keep]
         level += 1
-    # the schedule and the nodes' rows travel to a field's device at once: no transfer (so no wait) between levels
-    schedule = torch.from_numpy(np.concatenate([np.concatenate(p) for p in pairs] + [row]))
-    vals = {}
-    for n, t in sums.items():
-        rows, at, steps = schedule.to(t.device), 0, []
-        for a, _ in pairs:
-            steps.append((rows[at:at + a.size], rows[at + a.size:at + 2 * a.size]))
-            at += 2 * a.size
+    return order, pairs, row, starts[block], sizes[block]
 
-        def apply(part: torch.Tensor) -> None:
-            for a, b in steps:  # part[a] + part[b], in place: a single add per element, left + right
-                part.index_add_(0, a, part.index_select(0, b))
 
-        slices = _column_slices(t, threads if pool is not None else 1)
-        if len(slices) > 1 and pool is not None:
-            list(pool.map(apply, slices))
-        else:
-            apply(t)
-        vals[n] = host(t.index_select(0, rows[at:]))  # the nodes' rows, in one transfer
-    return [(int(starts[b]), int(sizes[b]), type(stacked)(**{n: _scalar(vals[n][i]) for n in names}))
-            for i, b in enumerate(block)]
+def _tree_sums(v: Any, order: np.ndarray | None, pairs: list[tuple[np.ndarray, np.ndarray]], nodes: np.ndarray,
+               pool: Executor | None, threads: int) -> torch.Tensor:
+    """The rows `nodes` after the levels `pairs` (row a += row b, a level at a time) over a field's rows (in `order`)."""
+    if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+        return _device_tree_sums(v, order, pairs, nodes)
+    t = _own_rows(v, order)  # our own copy, summed into in place
+    steps = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in pairs]
+
+    def apply(part: torch.Tensor) -> None:
+        for a, b in steps:  # part[a] + part[b], in place: a single add per element, left + right
+            part.index_add_(0, a, part.index_select(0, b))
+
+    slices = _column_slices(t, threads if pool is not None else 1)
+    if len(slices) > 1 and pool is not None:
+        list(pool.map(apply, slices))
+    else:
+        apply(t)
+    return t.index_select(0, torch.from_numpy(nodes))
+
+
+def _device_tree_sums(v: torch.Tensor, order: np.ndarray | None, pairs: list[tuple[np.ndarray, np.ndarray]],
+                      nodes: np.ndarray) -> torch.Tensor:
+    """`_tree_sums` on a GPU, where an index_add_ is a sort under deterministic algorithms: each level's sums
+    a + b (the same single add) go to fresh rows after the leaves, so a level is two gathers and an add. The
+    schedule travels in one transfer that does not wait for the GPU's queued work."""
+    at = np.arange(len(v))  # where each row's current value lies in the buffer
+    moves, fresh = [] if order is None else [order], len(v)
+    for a, b in pairs:
+        moves += [at[a], at[b]]
+        at[a] = np.arange(fresh, fresh + a.size)
+        fresh += a.size
+    schedule = torch.from_numpy(np.concatenate(moves + [at[nodes]])).to(v.device, non_blocking=True)
+    buf = v.new_empty((fresh, *v.shape[1:]))
+    if order is None:
+        buf[:len(v)].copy_(v)
+    else:
+        torch.index_select(v, 0, schedule[:len(v)], out=buf[:len(v)])
+    i, out = (0 if order is None else len(v)), len(v)
+    for a, _ in pairs:
+        k = a.size
+        torch.add(buf.index_select(0, schedule[i:i + k]), buf.index_select(0, schedule[i + k:i + 2 * k]),
+                  out=buf[out:out + k])
+        i, out = i + 2 * k, out + k
+    return buf.index_select(0, schedule[i:])
 
 
 MIN_COLUMNS = 1024  # columns of a field worth a thread of their own in the reduction

@@ -60,7 +60,16 @@ def label_cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     quarter of log_softmax's time over the k-wide inner axis (equal within float rounding)."""
     zt = out.transpose(-1, -2)
     top = zt.amax(-2).detach()  # amax: max without the indices, three times faster
-    return (zt - top.unsqueeze(-2)).exp().sum(-2).log() + top - out.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    return (zt - top.unsqueeze(-2)).exp().sum(-2).log() + top - label_logits(out, y)
+
+
+def label_logits(out: torch.Tensor, y: torch.Tensor, masked: bool | None = None) -> torch.Tensor:
+    """z_y of logits `out` (B, k): gathered on a CPU; summed over the row masked to class y elsewhere (`masked`, by
+    default off the CPU), where a gather's backward, a scatter, is a sort under deterministic algorithms. The same
+    bits both ways, and the same gradient (a masked copy of the incoming one, as the scatter writes it)."""
+    if masked if masked is not None else out.device.type != "cpu":
+        return torch.where(y.unsqueeze(-1) == torch.arange(out.shape[-1], device=out.device), out, 0.0).sum(-1)
+    return out.gather(-1, y.unsqueeze(-1)).squeeze(-1)
 
 
 EVAL_CHUNK_ROWS = 1 << 15  # logits a chunk at a time: its temporaries stay in cache
@@ -229,18 +238,18 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     on = torch.device("cpu" if device is None else device)
     S = int(steps.max())
     groups = _size_groups(n, epochs, HOST_PAD_ELEMENTS if on.type == "cpu" else DEVICE_PAD_ELEMENTS)
-    if len(groups) > 1:
-        idx = torch.zeros((n.size, S, width), dtype=torch.int64, device=on)
-        w = torch.zeros(idx.shape, dtype=torch.float64, device=on)
-    for sel in groups:
-        sub = Keys(keys.seed, keys.round, keys.clients[sel], keys.purpose)
-        at, ns, bs, ps, ss = torch.from_numpy(np.stack([sel, n[sel], b[sel], per_epoch[sel], steps[sel]])).to(on)
-        got = _plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()), int((epochs[sel] * n[sel]).max()),
-                        sub, S, width)
-        if len(groups) > 1:
-            idx[at], w[at] = got
-        else:  # one group holds every client, in order: its plans are the batch's
-            idx, w = got
+    # every group's keyed uniforms from one Philox evaluation (NumPy's on the host: fewer operations)
+    draws = keys.grouped_uniforms(groups, [int((epochs[sel] * n[sel]).max()) for sel in groups],
+                                  None if on.type == "cpu" else on)
+    got = []
+    for sel, u in zip(groups, draws):
+        ns, bs, ps, ss = torch.from_numpy(np.stack([n[sel], b[sel], per_epoch[sel], steps[sel]])).to(on, non_blocking=True)
+        got.append(_plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()),
+                             torch.from_numpy(u) if on.type == "cpu" else u, S, width))
+    idx, w = got[0]
+    if len(groups) > 1:  # the groups' plans joined, then put in the clients' order: gathers, no scatter
+        back = torch.from_numpy(np.argsort(np.concatenate(groups))).to(on, non_blocking=True)
+        idx, w = (torch.cat([g[i] for g in got]).index_select(0, back) for i in (0, 1))
     return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
 
 
@@ -266,33 +275,34 @@ def _passes(sizes: np.ndarray, batch_size: int | None, local_steps: int | None,
 
 
 HOST_PAD_ELEMENTS = 0  # the host draws each size class alone: padding costs it time
-DEVICE_PAD_ELEMENTS = 1 << 24  # a GPU draws size classes together up to this padded size: launches cost it, not padding
+DEVICE_PAD_ELEMENTS = 1 << 20  # padding a merge may add to a GPU's draws to save a group's few hundred launches
 
 
 def _size_groups(n: np.ndarray, epochs: np.ndarray, budget: int) -> list[np.ndarray]:
     """The clients drawn together: each size class (sizes within a factor of two, so a pass pads to at most twice
-    n), and neighbouring classes merged while the padded draw (clients x passes x largest size) stays within
-    `budget` elements (0: none merged, the host's choice)."""
+    n), and neighbouring classes merged while a merge adds at most `budget` elements of padding to the draws
+    (clients x passes x largest size; 0: none merged, the host's choice)."""
     bucket = np.ceil(np.log2(n)).astype(np.int64)
     groups: list[np.ndarray] = []
     top_e = top_n = 0
     for level in np.unique(bucket):
         sel = np.flatnonzero(bucket == level)
-        e, m = max(top_e, int(epochs[sel].max())), max(top_n, int(n[sel].max()))
-        if groups and (len(groups[-1]) + len(sel)) * e * m <= budget:
+        e_sel, n_sel = int(epochs[sel].max()), int(n[sel].max())
+        e, m = max(top_e, e_sel), max(top_n, n_sel)
+        apart = len(groups[-1]) * top_e * top_n + len(sel) * e_sel * n_sel if groups else 0
+        if groups and budget and (len(groups[-1]) + len(sel)) * e * m - apart <= budget:
             groups[-1], top_e, top_n = np.sort(np.concatenate([groups[-1], sel])), e, m
         else:
             groups.append(sel)
-            top_e, top_n = int(epochs[sel].max()), int(n[sel].max())
+            top_e, top_n = e_sel, n_sel
     return groups
 
 
-def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: torch.Tensor, E: int, N: int, m: int,
-              keys: Keys, S: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: torch.Tensor, E: int, N: int,
+              u: torch.Tensor, S: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`batch_plans` of clients of like size ([k, S, width]) on their tensors' device, passes begun at most E, size
-    at most N, draws at most m a client: every pass's permutation sorts that pass's n keyed uniforms."""
+    at most N, from their keyed uniforms `u` [k, m]: every pass's permutation sorts that pass's n uniforms."""
     on = n.device
-    u = torch.from_numpy(keys.uniforms(m)) if on.type == "cpu" else keys.uniforms(m, device=on)  # NumPy's: fewer ops
     e_ax, j_ax = torch.arange(E, device=on)[:, None], torch.arange(N, device=on)[None, :]
     n3, b3 = n[:, None, None], b[:, None, None]
     draw = torch.clamp(e_ax * n3 + j_ax, max=u.shape[1] - 1)  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
@@ -425,14 +435,15 @@ class LocalSGD(Algorithm):
             theta, lr = broadcast, self.params.lr
         else:
             raise ValueError(f"fedavg: lr_schedule {self.params.lr_schedule!r} needs a Broadcast with the round's lr")
-        return torch.tensor(theta, dtype=self.dtype, device=self.device), lr
+        # a host copy of its own (Ray's arrays are read-only), sent without waiting for the device's queued work
+        return torch.from_numpy(np.array(theta)).to(self.device, self.dtype, non_blocking=True), lr
 
     def _plans(self, sizes: np.ndarray, keys: Keys, width: int | None = None) -> BatchPlan:
         """The clients' batch plans, drawn as tensors on the model's device."""
         p = self.params
         return batch_plans(sizes, p.batch_size, p.local_steps, p.local_epochs, keys, width, self.device)
 
-    def _uploads(self, deltas: torch.Tensor, sizes: np.ndarray, plans: BatchPlan, keys: Keys,
+    def _uploads(self, deltas: torch.Tensor, sizes: np.ndarray, keys: Keys,
                  clip: float | None = None) -> tuple[WeightedDelta, Costs]:
         """The weighted uploads Q(Δ) of the clients' Δ = θ_c − θ_g [k, d] (QSGD's uniforms keyed "qsgd") and costs.
         Unquantized, the uploads stay where Δ was computed (a GPU shard reduces them there), weighted in place."""
@@ -447,15 +458,15 @@ class LocalSGD(Algorithm):
             q = qsgd_rows(host(deltas), p.levels, keys.uniforms(d, "qsgd"))
             total = weights.astype(q.dtype)[:, None] * q
         else:
-            total = deltas.mul_(torch.from_numpy(weights).to(deltas.device, deltas.dtype)[:, None])
-        calls, batches = host(torch.stack([plans.w.sum((1, 2)), plans.w.any(2).sum(1).to(plans.w.dtype)])).astype(np.int64)
-        costs = self._costs(calls, batches)
-        return (WeightedDelta(total, weights) if below is None else ClippedDelta(total, weights, below)), costs
+            total = deltas.mul_(torch.from_numpy(weights).to(deltas.device, deltas.dtype, non_blocking=True)[:, None])
+        return (WeightedDelta(total, weights) if below is None else ClippedDelta(total, weights, below)), self._costs(sizes)
 
-    def _costs(self, calls: np.ndarray, batches: np.ndarray) -> Costs:
-        """The clients' Costs: the samples and steps they take, one model-sized upload (QSGD's bytes, as a fraction
-        of it, when quantized)."""
+    def _costs(self, sizes: np.ndarray) -> Costs:
+        """The Costs of clients of `sizes` samples: the samples and steps their batch plans take (`plan_sizes`: known
+        without drawing the plans, so a GPU's steps are not waited for), one model-sized upload (QSGD's bytes, as a
+        fraction of it, when quantized)."""
         p, d = self.params, self.spec.size
+        calls, batches = plan_sizes(sizes, p.batch_size, p.local_steps, p.local_epochs)
         full = d * torch.empty(0, dtype=self.dtype).element_size()
         nbytes = qsgd_bytes(d, p.levels) if p.quantizer == "qsgd" else full
         k = len(calls)
@@ -463,9 +474,7 @@ class LocalSGD(Algorithm):
 
     def plan_costs(self, clients: np.ndarray, keys: Keys) -> Costs:
         """The clients' Costs from the sizes of the batch plans their steps will draw (`plan_sizes`)."""
-        p = self.params
-        calls, steps = plan_sizes(np.asarray(self.ctx.client_sizes)[clients], p.batch_size, p.local_steps, p.local_epochs)
-        return self._costs(calls, steps)
+        return self._costs(np.asarray(self.ctx.client_sizes)[clients])
 
     def stale(self, reply: Any, weight: float, sent: Any, now: Any, mix: bool) -> Any:
         """The upload w*delta scaled by `weight`; with `mix`, w*(theta_sent + delta - theta_now) scaled: aggregated
@@ -487,7 +496,7 @@ class LocalSGD(Algorithm):
             g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
             g = (g + self.mu * (theta[0] - theta_g))[None]
             opt.step(theta, g if correction is None else g + correction, lr, one)
-        reply, costs = self._uploads(theta - theta_g, sizes, bp, keys, getattr(broadcast, "clip", None))
+        reply, costs = self._uploads(theta - theta_g, sizes, keys, getattr(broadcast, "clip", None))
         return type(reply)(**{f.name: _one(getattr(reply, f.name)) for f in fields(reply)}), None, costs.cost(0)
 
     def correction(self, cstates: list, broadcast) -> torch.Tensor | None:
@@ -498,7 +507,7 @@ class LocalSGD(Algorithm):
         """Local SGD of all the batch's clients at once over stacked parameters; their Δ = θ_c − θ_g [k, d], on the
         model's device."""
         k = len(batch)
-        base = torch.from_numpy(batch.starts[:, None]).to(self.device)
+        base = torch.from_numpy(batch.starts[:, None]).to(self.device, non_blocking=True)
         idx = plans.idx + base[:, :, None]  # rows of the batch's block
         w = plans.w.to(self.dtype)
         active = (w.sum(2, keepdim=True) > 0).to(self.dtype)  # every real step has at least one sample
@@ -524,7 +533,7 @@ class LocalSGD(Algorithm):
             return Steps(WeightedDelta(np.zeros((0, self.spec.size)), np.zeros(0)), None, Costs.of([]))
         sizes = batch.sizes
         plans = self._plans(sizes, keys, self.batch_width)
-        replies, costs = self._uploads(self._train(cstates, batch, plans, broadcast), sizes, plans, keys,
+        replies, costs = self._uploads(self._train(cstates, batch, plans, broadcast), sizes, keys,
                                        getattr(broadcast, "clip", None))
         return Steps(replies, None, costs)
 

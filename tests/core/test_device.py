@@ -15,11 +15,13 @@ from raysim.errors import ConfigError
 def restored():
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
              torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+             torch.is_deterministic_algorithms_warn_only_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+             torch.utils.deterministic.fill_uninitialized_memory)
     yield
     (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
      torch.backends.cudnn.benchmark) = flags[:4]
     torch.use_deterministic_algorithms(flags[4], warn_only=flags[5])
+    torch.utils.deterministic.fill_uninitialized_memory = flags[7]
     if flags[6] is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
@@ -31,6 +33,7 @@ def test_a_gpu_process_runs_deterministic_kernels_and_tf32_only_when_asked(resto
     assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.utils.deterministic.fill_uninitialized_memory  # no fill kernel per allocation
 
 
 def test_model_device_resolves_in_each_process(tmp_path):

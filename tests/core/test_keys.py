@@ -50,6 +50,20 @@ def test_a_clients_draws_do_not_depend_on_who_is_drawn_with_it():
         assert not np.isin(other, every).any()
 
 
+@pytest.mark.parametrize("device", [None, *DEVICES])
+def test_groups_drawn_at_once_get_each_groups_own_draws(device):
+    """One evaluation of Philox over groups of clients with their own counts (a batch's size classes) gives each group
+    what `uniforms` gives it alone, bit for bit, on the host and on a device; an empty group gets [0, n]."""
+    rng = np.random.default_rng(2)
+    keys = Keys(2**40 + 5, 7, rng.choice(2**32 - 2, 60, replace=False), "step")
+    groups = [np.arange(0, 60, 3), np.array([1, 59]), np.array([], dtype=np.int64), np.arange(2, 40)]
+    counts = [9, 40, 5, 1]
+    for g, n, got in zip(groups, counts, keys.grouped_uniforms(groups, counts, device)):
+        alone = uniforms(keys.seed, keys.round, keys.clients[g], "step", n)
+        assert got.shape == (len(g), n) and (device is None) == isinstance(got, np.ndarray)
+        assert (got if device is None else got.cpu().numpy()).tobytes() == alone.tobytes()
+
+
 def test_draws_are_uniform():
     """Kolmogorov-Smirnov against U[0, 1) over 10^5 draws of 10^4 clients (p > 1e-4), and the mean of the
     product of consecutive draws 1/4 within 5 standard errors (no lag-1 correlation)."""

@@ -66,14 +66,17 @@ def test_plans_drawn_on_a_device_are_the_hosts(device):
         assert np.array_equal(there.w.cpu().numpy(), host.w) and host.idx.dtype == np.int64
 
 
-def test_size_classes_drawn_together_give_the_same_plans(monkeypatch):
-    """Merging size classes into one padded draw (as a GPU does) changes no client's plan."""
+@pytest.mark.parametrize("budget, groups", [(1 << 24, 1), (1 << 12, 3)])
+def test_size_classes_drawn_together_give_the_same_plans(monkeypatch, budget, groups):
+    """Merging size classes into padded draws (as a GPU does: all into one, or neighbours while a merge adds little
+    padding) changes no client's plan."""
     rng = np.random.default_rng(5)
     sizes = np.concatenate([rng.integers(1, 9, 50), rng.integers(9, 300, 50), [1000]])
     keys = Keys(1, 2, np.arange(sizes.size) * 7, "step")
     apart = batch_plans(sizes, 8, None, 2, keys)
-    monkeypatch.setattr(local_sgd, "HOST_PAD_ELEMENTS", 1 << 24)
-    assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), 1 << 24)) == 1
+    assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), 0)) == 11  # the host's: a draw per class
+    monkeypatch.setattr(local_sgd, "HOST_PAD_ELEMENTS", budget)
+    assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), budget)) == groups
     together = batch_plans(sizes, 8, None, 2, keys)
     assert np.array_equal(apart.idx, together.idx) and np.array_equal(apart.w, together.w)
 
