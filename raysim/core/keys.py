@@ -29,7 +29,12 @@ def philox4x32(counter: Words, key: tuple[int, int]) -> Words:
     The words are int64 arrays, NumPy's or torch's (on any device) alike: a 32x32-bit product wraps in int64 with
     the same 64 bits as the unsigned product, and masking after the arithmetic shift recovers its high word, so
     the one function runs on the host or where a GPU shard's tensors live. A product's low word is carried on
-    unmasked (only its low 32 bits reach an output, through an XOR masked after it): ten array operations a round."""
+    unmasked (only its low 32 bits reach an output, through an XOR masked after it). Torch's words go two to an
+    array (the multiplied pair, the XORed pair): six launches a round instead of ten, where launches cost a GPU
+    more than the elements; NumPy's stay apart (a fifth faster on the host)."""
+    on = next((w.device for w in counter if isinstance(w, torch.Tensor)), None)
+    if on is not None:
+        return _philox_lanes(counter, key, on)
     c0, c1, c2, c3 = counter
     k0, k1 = key
     for r in range(_ROUNDS):
@@ -38,6 +43,23 @@ def philox4x32(counter: Words, key: tuple[int, int]) -> Words:
         p0, p1 = c0 * _M0, c2 * _M1
         c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _LOW, p1, ((p0 >> 32) ^ c3 ^ k1) & _LOW, p0
     return c0, c1 & _LOW, c2, c3 & _LOW
+
+
+def _philox_lanes(counter: Words, key: tuple[int, int], on: torch.device) -> Words:
+    """`philox4x32` of torch words with [c0, c2] and [c1, c3] as the two lanes of one tensor each."""
+    shape = torch.broadcast_shapes(*[w.shape for w in counter if isinstance(w, torch.Tensor)])
+    steps = np.arange(_ROUNDS, dtype=np.int64)[:, None] * np.array([_W0, _W1], dtype=np.int64)
+    # the multipliers, then each round's key, in one transfer
+    host = np.concatenate([[[_M0, _M1]], (np.array(key, dtype=np.int64) + steps) & _LOW]).astype(np.int64)
+    consts = torch.from_numpy(host.reshape(_ROUNDS + 1, 2, *[1] * len(shape))).to(on, non_blocking=True)
+    # a word given as a number is filled in where the tensors live (no transfer, so no wait)
+    t = [w.expand(shape) if isinstance(w, torch.Tensor) else torch.full(shape, int(w), dtype=torch.int64, device=on)
+         for w in counter]
+    a, b = torch.stack([t[0], t[2]]), torch.stack([t[1], t[3]])
+    for r in range(_ROUNDS):
+        q = (a * consts[0]).flip(0)  # [p1, p0]: the next round's [c1, c3], unmasked
+        a, b = ((q >> 32) ^ b ^ consts[r + 1]) & _LOW, q
+    return a[0], b[0] & _LOW, a[1], b[1] & _LOW
 
 
 def purpose_word(purpose: str) -> int:
