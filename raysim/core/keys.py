@@ -80,12 +80,18 @@ def grouped_uniforms(seed: int, round: int, groups: list[np.ndarray], purpose: s
     blocks = [(int(n) + 1) // 2 for n in counts]  # one Philox call gives 128 bits: two doubles
     ids = [np.asarray(c, dtype=np.int64).reshape(-1) for c in groups]
     lengths = [c.size * b for c, b in zip(ids, blocks)]
-    client = np.concatenate([np.repeat(c + 1, b) for c, b in zip(ids, blocks)]) & _LOW
-    block = np.concatenate([np.tile(np.arange(b, dtype=np.int64), c.size) for c, b in zip(ids, blocks)])
-    words: Any = (block, client)
-    if device is not None:  # one transfer, not waiting for the device's queued work
-        words = torch.from_numpy(np.stack(words)).to(device, non_blocking=True)
-    counter = (words[0], words[1], (int(round) + 1) & _LOW, purpose_word(purpose))
+    block: Any
+    client: Any
+    if device is None:
+        client = np.concatenate([np.repeat(c + 1, b) for c, b in zip(ids, blocks)]) & _LOW
+        block = np.concatenate([np.tile(np.arange(b, dtype=np.int64), c.size) for c, b in zip(ids, blocks)])
+    else:  # the clients' ids in one transfer that does not wait for the device's queued work; the rest formed there
+        every = torch.from_numpy(np.concatenate(ids) + 1).to(device, non_blocking=True) & _LOW
+        starts = np.cumsum([0] + [c.size for c in ids])
+        client = torch.cat([every[a:a + c.size, None].expand(c.size, b).reshape(-1) for a, c, b in zip(starts, ids, blocks)])
+        block = torch.cat([torch.arange(b, dtype=torch.int64, device=device).expand(c.size, b).reshape(-1)
+                           for c, b in zip(ids, blocks)])
+    counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
     w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
     # a double from two words: the top 53 of their 64 bits (hi << 21 | lo >> 11), exact in int64 and in float64
     bits = ((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11))
