@@ -67,7 +67,7 @@ def label_logits(out: torch.Tensor, y: torch.Tensor, masked: bool | None = None)
     """z_y of logits `out` (B, k): gathered on a CPU; summed over the row masked to class y elsewhere (`masked`, by
     default off the CPU), where a gather's backward, a scatter, is a sort under deterministic algorithms. The same
     bits both ways, and the same gradient (a masked copy of the incoming one, as the scatter writes it)."""
-    if masked if masked is not None else out.device.type != "cpu":
+    if out.device.type != "cpu" if masked is None else masked:
         return torch.where(y.unsqueeze(-1) == torch.arange(out.shape[-1], device=out.device), out, 0.0).sum(-1)
     return out.gather(-1, y.unsqueeze(-1)).squeeze(-1)
 
@@ -275,7 +275,7 @@ def _passes(sizes: np.ndarray, batch_size: int | None, local_steps: int | None,
 
 
 HOST_PAD_ELEMENTS = 0  # the host draws each size class alone: padding costs it time
-DEVICE_PAD_ELEMENTS = 1 << 20  # padding a merge may add to a GPU's draws to save a group's few hundred launches
+DEVICE_PAD_ELEMENTS = 1 << 20  # padding a merge may add to a GPU's draws to save a group's launches (some 35)
 
 
 def _size_groups(n: np.ndarray, epochs: np.ndarray, budget: int) -> list[np.ndarray]:
