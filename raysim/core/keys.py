@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -80,23 +80,28 @@ def grouped_uniforms(seed: int, round: int, groups: list[np.ndarray], purpose: s
     blocks = [(int(n) + 1) // 2 for n in counts]  # one Philox call gives 128 bits: two doubles
     ids = [np.asarray(c, dtype=np.int64).reshape(-1) for c in groups]
     lengths = [c.size * b for c, b in zip(ids, blocks)]
-    block: Any
-    client: Any
+    cat: Any  # np.concatenate or torch.cat
+    spread: Callable[[Any, np.ndarray, int], Any]  # a group's words, broadcast over its counters, flat
     if device is None:
-        client = np.concatenate([np.repeat(c + 1, b) for c, b in zip(ids, blocks)]) & _LOW
-        block = np.concatenate([np.tile(np.arange(b, dtype=np.int64), c.size) for c, b in zip(ids, blocks)])
+        columns: list[Any] = [((c + 1) & _LOW)[:, None] for c in ids]  # each group's client words
+        rows: list[Any] = [np.arange(b, dtype=np.int64)[None, :] for b in blocks]  # and its block words
+        spread, cat = (lambda v, c, b: np.broadcast_to(v, (c.size, b)).reshape(-1)), np.concatenate
     else:  # the clients' ids in one transfer that does not wait for the device's queued work; the rest formed there
         every = torch.from_numpy(np.concatenate(ids) + 1).to(device, non_blocking=True) & _LOW
-        starts = np.cumsum([0] + [c.size for c in ids])
-        client = torch.cat([every[a:a + c.size, None].expand(c.size, b).reshape(-1) for a, c, b in zip(starts, ids, blocks)])
-        block = torch.cat([torch.arange(b, dtype=torch.int64, device=device).expand(c.size, b).reshape(-1)
-                           for c, b in zip(ids, blocks)])
+        columns = [col[:, None] for col in torch.split(every, [c.size for c in ids])]
+        rows = [torch.arange(b, dtype=torch.int64, device=device)[None, :] for b in blocks]
+        spread, cat = (lambda v, c, b: v.expand(c.size, b).reshape(-1)), torch.cat
+    if len(ids) == 1:  # one group's words broadcast (a column of clients, a row of blocks): nothing materialized
+        block, client = rows[0], columns[0]
+    else:  # several groups' counters laid out flat, group after group
+        block = cat([spread(r, c, b) for r, c, b in zip(rows, ids, blocks)])
+        client = cat([spread(v, c, b) for v, c, b in zip(columns, ids, blocks)])
     counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
     w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
     # a double from two words: the top 53 of their 64 bits (hi << 21 | lo >> 11), exact in int64 and in float64
     bits = ((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11))
     both = np.stack(bits, -1).astype(np.float64) if device is None else torch.stack(bits, -1).to(torch.float64)
-    both = both * 2.0**-53
+    both = (both * 2.0**-53).reshape(-1, 2)  # a row per counter, client by client
     out, at = [], 0
     for c, b, n, size in zip(ids, blocks, counts, lengths):
         out.append(both[at:at + size].reshape(c.size, 2 * b)[:, :n])
