@@ -231,26 +231,83 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     step s takes samples idx[i, s] where w[i, s] is 1; padding (a short last batch, a client with fewer steps, a
     width beyond its batch) has weight 0. A client's plan is a function of its key, its size and the settings
     only, not of which clients share the call (`width`, at least the largest batch among them, only pads). NumPy
-    arrays, or with `device` the same plans as tensors drawn there (a GPU shard's, with no host work per client)."""
+    arrays, or with `device` the same plans as tensors drawn there (a GPU shard's, with no host work per client;
+    a CPU's from NumPy's, the faster on the host)."""
     n, b, per_epoch, steps = _passes(sizes, batch_size, local_steps, local_epochs)
     epochs = -(-steps // per_epoch)  # passes begun
     width = max(int(b.max()), width or 0)
     on = torch.device("cpu" if device is None else device)
+    if on.type != "cpu":
+        return _device_plans(n, b, per_epoch, steps, epochs, keys, width, on)
+    idx, w = _host_plans(n, b, per_epoch, steps, epochs, keys, width)
+    return BatchPlan(idx, w) if device is None else BatchPlan(torch.from_numpy(idx), torch.from_numpy(w))
+
+
+def _host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,
+                keys: Keys, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_plans` in NumPy, group by group (`_host_groups`), every group's uniforms from one Philox evaluation."""
+    groups = _host_groups(n)
+    draws = keys.grouped_uniforms(groups, [int((epochs[g] * n[g]).max()) for g in groups])
+    shape = (len(n), int(steps.max()), width)
+    idx, w = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.float64)
+    for g, u in zip(groups, draws):
+        idx[g], w[g] = _host_plans_of(n[g], b[g], per_epoch[g], steps[g], int(epochs[g].max()), u, shape[1], width)
+    return idx, w
+
+
+HOST_EXACT_MIN = 256  # clients of one size drawn as a group of their own: no gathers or padding, a few calls more
+
+
+def _host_groups(n: np.ndarray) -> list[np.ndarray]:
+    """The host's groups of clients drawn together: each size held by at least HOST_EXACT_MIN clients alone, the
+    other clients by size class (sizes within a factor of two)."""
+    sizes, inv, counts = np.unique(n, return_inverse=True, return_counts=True)
+    label = np.where(counts >= HOST_EXACT_MIN, sizes, -np.ceil(np.log2(sizes)).astype(np.int64) - 1)[inv]
+    order = np.argsort(label, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(label[order])) + 1)
+
+
+def _host_plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, E: int, u: np.ndarray,
+                   S: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_plans_of` in NumPy: the index arithmetic done once per distinct size (a client's plan is its size's
+    positions in its own permutations), the permutations sorted from each client's uniforms `u` [k, m]."""
+    sizes, first, inv = np.unique(n, return_index=True, return_inverse=True)
+    k, U, N = len(n), len(sizes), int(sizes[-1])
+    n3, b3, p3, s3 = (a[first][:, None, None] for a in (n, b, per_epoch, steps))  # [U, 1, 1]
+    s_ax, t_ax = np.arange(S)[:, None], np.arange(width)
+    epoch, pos = s_ax // p3, s_ax % p3 * b3 + t_ax  # [U, S, 1], [U, S, width]
+    valid = (t_ax < b3) & (pos < n3) & (s_ax < s3)
+    at = np.minimum(epoch, E - 1) * N + np.minimum(pos, N - 1)  # where in a client's E passes of N its samples are
+    if U == 1:  # one size: the uniforms are the passes, row by row
+        keyed = u[:, :E * N].reshape(k, E, N)
+    else:  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1, padding last
+        j_ax = np.arange(N)
+        draw = np.minimum(np.arange(E)[:, None] * n3 + j_ax, u.shape[1] - 1).reshape(U, -1)
+        keyed = np.take_along_axis(u, draw[inv], 1).reshape(k, E, N)
+        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = 2.0
+    perm = np.argsort(keyed, axis=2, kind="stable").reshape(k, E * N)
+    if U == 1:
+        return perm[:, at[0]] * valid[0], valid[0]
+    picked = np.take_along_axis(perm, at.reshape(U, -1)[inv], 1).reshape(k, S, width)
+    return picked * valid[inv], valid[inv]
+
+
+def _device_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,
+                  keys: Keys, width: int, on: torch.device) -> BatchPlan:
+    """`batch_plans` as tensors drawn on `on`: size classes merged while the padding is small (launches cost a
+    GPU more than elements), one Philox evaluation, the groups joined by gathers (no scatter)."""
     S = int(steps.max())
-    groups = _size_groups(n, epochs, HOST_PAD_ELEMENTS if on.type == "cpu" else DEVICE_PAD_ELEMENTS)
-    # every group's keyed uniforms from one Philox evaluation (NumPy's on the host: fewer operations)
-    draws = keys.grouped_uniforms(groups, [int((epochs[sel] * n[sel]).max()) for sel in groups],
-                                  None if on.type == "cpu" else on)
+    groups = _size_groups(n, epochs, DEVICE_PAD_ELEMENTS)
+    draws = keys.grouped_uniforms(groups, [int((epochs[sel] * n[sel]).max()) for sel in groups], on)
     got = []
     for sel, u in zip(groups, draws):
         ns, bs, ps, ss = torch.from_numpy(np.stack([n[sel], b[sel], per_epoch[sel], steps[sel]])).to(on, non_blocking=True)
-        got.append(_plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()),
-                             torch.from_numpy(u) if on.type == "cpu" else u, S, width))
+        got.append(_plans_of(ns, bs, ps, ss, int(epochs[sel].max()), int(n[sel].max()), u, S, width))
     idx, w = got[0]
     if len(groups) > 1:  # the groups' plans joined, then put in the clients' order: gathers, no scatter
         back = torch.from_numpy(np.argsort(np.concatenate(groups))).to(on, non_blocking=True)
         idx, w = (torch.cat([g[i] for g in got]).index_select(0, back) for i in (0, 1))
-    return BatchPlan(idx, w) if device is not None else BatchPlan(idx.numpy(), w.numpy())
+    return BatchPlan(idx, w)
 
 
 def plan_sizes(sizes: np.ndarray, batch_size: int | None, local_steps: int | None,
@@ -274,14 +331,13 @@ def _passes(sizes: np.ndarray, batch_size: int | None, local_steps: int | None,
     return n, b, per_epoch, local_epochs * per_epoch
 
 
-HOST_PAD_ELEMENTS = 0  # the host draws each size class alone: padding costs it time
 DEVICE_PAD_ELEMENTS = 1 << 20  # padding a merge may add to a GPU's draws to save a group's launches (some 35)
 
 
 def _size_groups(n: np.ndarray, epochs: np.ndarray, budget: int) -> list[np.ndarray]:
-    """The clients drawn together: each size class (sizes within a factor of two, so a pass pads to at most twice
-    n), and neighbouring classes merged while a merge adds at most `budget` elements of padding to the draws
-    (clients x passes x largest size; 0: none merged, the host's choice)."""
+    """A device's clients drawn together: each size class (sizes within a factor of two, so a pass pads to at most
+    twice n), and neighbouring classes merged while a merge adds at most `budget` elements of padding to the draws
+    (clients x passes x largest size; 0: none merged)."""
     bucket = np.ceil(np.log2(n)).astype(np.int64)
     groups: list[np.ndarray] = []
     top_e = top_n = 0
@@ -308,9 +364,7 @@ def _plans_of(n: torch.Tensor, b: torch.Tensor, per_epoch: torch.Tensor, steps: 
     draw = torch.clamp(e_ax * n3 + j_ax, max=u.shape[1] - 1)  # client i's pass e sorts its draws e*n_i .. e*n_i + n_i - 1
     drawn = torch.gather(u, 1, draw.reshape(len(n), -1)).reshape(draw.shape)
     keyed = torch.where(j_ax < n3, drawn, 2.0)  # [k, E, N]: each pass's permutation, padding last
-    # a stable sort's order is unique, so NumPy's (a third faster on the host's short rows) is torch's, bit for bit
-    perm = (torch.from_numpy(np.argsort(keyed.numpy(), axis=2, kind="stable")) if on.type == "cpu"
-            else torch.argsort(keyed, dim=2, stable=True))
+    perm = torch.argsort(keyed, dim=2, stable=True)  # a stable sort's order is unique: NumPy's on the host, bit for bit
     s_ax, t_ax = torch.arange(S, device=on)[None, :, None], torch.arange(width, device=on)[None, None, :]
     epoch, chunk = torch.div(s_ax, per_epoch[:, None, None], rounding_mode="floor"), s_ax % per_epoch[:, None, None]
     pos = chunk * b3 + t_ax  # [k, S, width]

@@ -55,30 +55,43 @@ def test_a_pass_is_a_uniform_permutation():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_plans_drawn_on_a_device_are_the_hosts(device):
-    """The tensors drawn where a shard computes are the host's NumPy plans, entry for entry, for steps or epochs."""
+    """The device's path (torch's size classes, here on CPU tensors or a GPU) draws the host's NumPy plans (its
+    exact-size groups and size classes), entry for entry, for steps or epochs."""
     rng = np.random.default_rng(4)
     for batch_size, steps, epochs in [(5, 5, None), (None, None, 2), (3, None, 3), (32, 7, None)]:
-        sizes = rng.integers(1, 90, 200)
-        keys = Keys(9, 3, np.sort(rng.choice(10**7, 200, replace=False)), "step")
+        sizes = rng.permutation(np.concatenate([rng.integers(1, 90, 200), np.full(local_sgd.HOST_EXACT_MIN, 7)]))
+        keys = Keys(9, 3, np.sort(rng.choice(10**7, sizes.size, replace=False)), "step")
         host = batch_plans(sizes, batch_size, steps, epochs, keys, width=40)
-        there = batch_plans(sizes, batch_size, steps, epochs, keys, width=40, device=device)
+        n, b, per_epoch, s = local_sgd._passes(sizes, batch_size, steps, epochs)
+        there = local_sgd._device_plans(n, b, per_epoch, s, -(-s // per_epoch), keys, max(int(b.max()), 40),
+                                          torch.device(device))
         assert there.idx.device.type == device and np.array_equal(there.idx.cpu().numpy(), host.idx)
         assert np.array_equal(there.w.cpu().numpy(), host.w) and host.idx.dtype == np.int64
+        tensors = batch_plans(sizes, batch_size, steps, epochs, keys, width=40, device=device)
+        assert tensors.idx.device.type == device and np.array_equal(tensors.idx.cpu().numpy(), host.idx)
 
 
-@pytest.mark.parametrize("budget, groups", [(1 << 24, 1), (1 << 12, 3)])
+def test_the_host_draws_a_common_size_alone_and_the_rest_by_size_class():
+    sizes = np.array([7] * local_sgd.HOST_EXACT_MIN + [5] * (local_sgd.HOST_EXACT_MIN - 1) + [6, 8, 3, 4, 100])
+    sizes = np.random.default_rng(6).permutation(sizes)
+    groups = local_sgd._host_groups(sizes)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(sizes.size))  # every client once
+    assert sorted(sorted(set(sizes[g].tolist())) for g in groups) == [[3, 4], [5, 6, 8], [7], [100]]
+
+
+@pytest.mark.parametrize("budget, groups", [(0, 11), (1 << 24, 1), (1 << 12, 3)])
 def test_size_classes_drawn_together_give_the_same_plans(monkeypatch, budget, groups):
-    """Merging size classes into padded draws (as a GPU does: all into one, or neighbours while a merge adds little
-    padding) changes no client's plan."""
+    """A device's draws, a size class each or classes merged into padded draws (all into one, or neighbours while a
+    merge adds little padding), give every client its host plan."""
     rng = np.random.default_rng(5)
     sizes = np.concatenate([rng.integers(1, 9, 50), rng.integers(9, 300, 50), [1000]])
     keys = Keys(1, 2, np.arange(sizes.size) * 7, "step")
-    apart = batch_plans(sizes, 8, None, 2, keys)
-    assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), 0)) == 11  # the host's: a draw per class
-    monkeypatch.setattr(local_sgd, "HOST_PAD_ELEMENTS", budget)
+    host = batch_plans(sizes, 8, None, 2, keys)
     assert len(local_sgd._size_groups(sizes, np.full(sizes.size, 2), budget)) == groups
-    together = batch_plans(sizes, 8, None, 2, keys)
-    assert np.array_equal(apart.idx, together.idx) and np.array_equal(apart.w, together.w)
+    monkeypatch.setattr(local_sgd, "DEVICE_PAD_ELEMENTS", budget)
+    n, b, per_epoch, s = local_sgd._passes(sizes, 8, None, 2)
+    there = local_sgd._device_plans(n, b, per_epoch, s, -(-s // per_epoch), keys, int(b.max()), torch.device("cpu"))
+    assert np.array_equal(there.idx.numpy(), host.idx) and np.array_equal(there.w.numpy(), host.w)
 
 
 @pytest.mark.parametrize("batch_size, local_steps, local_epochs", [
