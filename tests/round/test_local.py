@@ -7,6 +7,7 @@ import pytest
 import raysim
 from raysim.config import ConfigError, load_config
 from raysim.results import HOST_COLUMNS
+from raysim.round import shard
 
 
 FEDAVG = {
@@ -78,7 +79,8 @@ CHUNKED = {
 }
 
 
-def test_a_shard_on_several_threads_gives_the_same_bits_as_on_one_and_on_ray(ray_cluster, tmp_path):
+def test_a_shard_on_several_threads_gives_the_same_bits_as_on_one_and_on_ray(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.setattr(shard, "CHUNK_SECONDS", 1e-9)  # every step cut, however light
     one = raysim.run(CHUNKED, out=tmp_path / "one", backend="local", cluster__num_cpus=1)
     two = raysim.run(CHUNKED, out=tmp_path / "two", backend="local", cluster__num_cpus=2)
     assert (one.info["shard_threads"], two.info["shard_threads"]) == (1, 2)

@@ -1,0 +1,33 @@
+"""How a shard cuts a batched step over its threads: by clients until a step has been timed, then by CPU time."""
+import numpy as np
+
+from raysim.config import load_config
+from raysim.data import build_federated
+from raysim.round.experiment import Experiment
+from raysim.round.shard import CHUNK_SECONDS, MIN_CHUNK, ClientShard, step_chunks
+
+LIGHT = {
+    "name": "light", "seed": 2,
+    "data": {"source": "synthetic", "num_clients": 1200, "partition": {"kind": "natural"},
+             "synthetic_samples": 12000, "synthetic_features": 8},
+    "model": {"name": "logreg"},
+    "algorithm": {"name": "fedavg", "rounds": 2, "clients_per_round": 600, "lr": 0.1, "local_steps": 3, "batch_size": 4},
+}
+
+
+def test_a_step_is_cut_by_its_clients_until_timed_then_by_its_cpu_seconds():
+    assert step_chunks(4, None) == 4  # untimed: MIN_CHUNK clients a chunk, up to the threads
+    assert step_chunks(4, 0.0) == step_chunks(4, 0.9 * CHUNK_SECONDS) == 1  # light: whole, on one thread
+    assert step_chunks(4, 2.5 * CHUNK_SECONDS) == 2  # each chunk holds CHUNK_SECONDS
+    assert step_chunks(4, 100 * CHUNK_SECONDS) == 4 and step_chunks(1, 100 * CHUNK_SECONDS) == 1  # at most the cut
+
+
+def test_a_shard_times_each_step_it_could_cut(tmp_path):
+    cfg = load_config(LIGHT)
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients), threads=2)
+    broadcast = shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast
+    shard.train(1, list(range(MIN_CHUNK)), broadcast, reduce=True)  # one chunk's worth: nothing to choose
+    assert shard.step_cpu is None
+    shard.train(1, list(range(0, 1200, 2)), broadcast, reduce=True)
+    assert shard.step_cpu is not None and 0 < shard.step_cpu < 1
