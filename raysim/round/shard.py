@@ -371,8 +371,8 @@ def step_chunks(cut: int, cpu: float | None) -> int:
     """The chunks of a batched step on a shard's threads: `cut` (MIN_CHUNK clients each, up to the threads) until a
     step has been timed, then as many of those as hold CHUNK_SECONDS each of its estimated CPU seconds `cpu` (at
     least one). The threads contend for the interpreter at every call, so a light chunk on a thread of its own is
-    slower than none: a 1,000-client round of logistic regression (13 ms of CPU) ran a quarter faster whole than cut
-    in two on two cores, an MLP's (170 ms) 1.6 times slower. The bits do not depend on the chunks."""
+    slower than none: on two cores a 1,000-client step of logistic regression (13 ms of CPU) ran a quarter faster
+    whole than cut in two, and an MLP's (170 ms) 1.6 times slower. The bits do not depend on the chunks."""
     return cut if cpu is None else max(1, min(cut, int(cpu / CHUNK_SECONDS)))
 
 

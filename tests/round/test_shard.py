@@ -6,13 +6,7 @@ from raysim.data import build_federated
 from raysim.round.experiment import Experiment
 from raysim.round.shard import CHUNK_SECONDS, MIN_CHUNK, ClientShard, step_chunks
 
-LIGHT = {
-    "name": "light", "seed": 2,
-    "data": {"source": "synthetic", "num_clients": 1200, "partition": {"kind": "natural"},
-             "synthetic_samples": 12000, "synthetic_features": 8},
-    "model": {"name": "logreg"},
-    "algorithm": {"name": "fedavg", "rounds": 2, "clients_per_round": 600, "lr": 0.1, "local_steps": 3, "batch_size": 4},
-}
+from .test_local import CHUNKED
 
 
 def test_a_step_is_cut_by_its_clients_until_timed_then_by_its_cpu_seconds():
@@ -23,7 +17,7 @@ def test_a_step_is_cut_by_its_clients_until_timed_then_by_its_cpu_seconds():
 
 
 def test_a_shard_times_each_step_it_could_cut(tmp_path):
-    cfg = load_config(LIGHT)
+    cfg = load_config(CHUNKED)
     fed = build_federated(cfg.data, cfg.seed, tmp_path)
     shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients), threads=2)
     broadcast = shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast
