@@ -262,10 +262,14 @@ class ClientShard:
                 self.states[c] = s
         return out, cpu, finished
 
+    def _cut(self, k: int) -> int:
+        """The chunks k clients make at MIN_CHUNK clients each, up to the shard's threads."""
+        return min(self.threads, k // MIN_CHUNK)
+
     def _map(self, fn: Callable[[slice], T], k: int, chunks: int | None = None) -> list[T]:
         """fn of consecutive slices of k clients: on the shard's threads, a chunk each, `chunks` of them (default:
-        as many as have MIN_CHUNK clients each)."""
-        n = min(self.threads, k // MIN_CHUNK if chunks is None else chunks)
+        `_cut(k)`)."""
+        n = self._cut(k) if chunks is None else min(self.threads, chunks)
         if n <= 1 or self.pool is None:
             return [fn(slice(0, k))]
         bounds = np.linspace(0, k, n + 1).astype(int)
@@ -288,7 +292,7 @@ class ClientShard:
             cpu = _shares(out.costs.oracle_calls, clock() - t0)
             return out, cpu, None if finish is None else finish(s, out)
 
-        cut = min(self.threads, len(ids) // MIN_CHUNK) if split else 1
+        cut = self._cut(len(ids)) if split else 1
         done = self._map(run, len(ids), step_chunks(cut, None if self.step_cpu is None else self.step_cpu * len(ids)))
         if cut > 1:  # a step that could be cut: its CPU time a client chooses how the next is
             self.step_cpu = float(sum(c.sum() for _, c, _ in done)) / len(ids)
