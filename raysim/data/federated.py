@@ -162,10 +162,14 @@ def _row_group_bounds(runs: np.ndarray, target: int) -> list[int]:
     than `target` starts its own groups of `target` rows, and the next client starts a new one.
     """
     sizes = np.asarray(runs, dtype=np.int64)
-    starts, n = np.cumsum(sizes) - sizes, int(sizes.sum())
+    starts = np.cumsum(sizes)
+    n = int(starts[-1]) if len(starts) else 0
+    starts -= sizes  # each client's first row, in place: one array over the clients (10^8 of them at most)
+    edges = np.arange(0, n, target)  # each window's first row; its first client is the first starting at or after
+    firsts = starts[np.minimum(np.searchsorted(starts, edges), max(len(starts) - 1, 0))] if len(starts) else edges
     big = sizes > target
-    parts: list[np.ndarray | list[int]] = [starts[np.unique(starts // target, return_index=True)[1]], starts[big] + sizes[big], [n],
-             *(np.arange(s, s + m, target) for s, m in zip(starts[big], sizes[big]))]
+    parts: list[np.ndarray | list[int]] = [firsts[(firsts >= edges) & (firsts < edges + target)], starts[big] + sizes[big], [n],
+                                           *(np.arange(s, s + m, target) for s, m in zip(starts[big], sizes[big]))]
     return [int(b) for b in np.unique(np.concatenate(parts))]
 
 
@@ -328,42 +332,50 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
     num_train, num_test = int(train_sizes.sum()), int(held.sum())
     _check_train_samples(cfg, num_train, num_test)
     check_min_size(train_sizes, cfg.partition)
-    local_sizes = natural_holdout(train_sizes, cfg.local_test_fraction)
-    _check_local(cfg, train_sizes, int(local_sizes.sum()))
+    local_sizes = natural_holdout(train_sizes, cfg.local_test_fraction) if cfg.local_test_fraction else None
+    if local_sizes is not None:
+        _check_local(cfg, train_sizes, int(local_sizes.sum()))
     pos = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "test_split"), int(sizes.sum())))
     rank = inverse_permutation(compact_permutation(stream(seed, SETUP, SERVER, "row_order"), num_train))
-    local_pos = _local_positions(seed, num_train) if cfg.local_test_fraction else None
-    first, train_first = (np.concatenate([[0], np.cumsum(s)]) for s in (sizes, train_sizes))
+    local_pos = _local_positions(seed, num_train) if local_sizes is not None else None
     blocks = iter(src.blocks)
     a, b, x, y = next(blocks)
     meta, dtypes = {"feature_shape": list(src.feature_shape), "target_shape": list(y.shape[1:])}, (x.dtype, y.dtype)
     train_path, test_path = _paths(out_dir)
     flat = on_disk(cfg, num_train, tuple(src.feature_shape))
     with contextlib.ExitStack() as files:
-        train = files.enter_context(_GroupWriter(train_path, train_sizes - local_sizes, meta, *dtypes, flat))
+        runs = train_sizes if local_sizes is None else train_sizes - local_sizes  # the training file's rows a client
+        train = files.enter_context(_GroupWriter(train_path, runs, meta, *dtypes, flat))
+        del runs
         test = files.enter_context(_GroupWriter(test_path, np.array([num_test]), meta, *dtypes, flat))
-        local = None if local_pos is None else files.enter_context(
+        local = None if local_sizes is None else files.enter_context(
             _GroupWriter(train_path.with_name(LOCAL_TEST), local_sizes[local_sizes > 0], meta, *dtypes, flat))
+        end = first = train_first = 0  # the next client, its first sample and its first training row
         for a, b, x, y in itertools.chain([(a, b, x, y)], blocks):
+            if a != end:
+                raise ValueError(f"source {cfg.source!r}: a block of clients starts at {a}, not at {end}: "
+                                 f"blocks must hold every client once, in order")
+            last, train_last = first + int(sizes[a:b].sum()), train_first + int(train_sizes[a:b].sum())
             owner = np.repeat(np.arange(b - a), sizes[a:b])
             Source(x, y, src.feature_shape, src.num_classes)  # each block checked as a whole source would be
             if len(y) != len(owner) or x.dtype != dtypes[0] or y.dtype != dtypes[1]:
                 raise ValueError(f"source {cfg.source!r}: the block of clients {a}..{b - 1} has {len(y)} samples of "
                                  f"{x.dtype}/{y.dtype}; its sizes say {len(owner)}, the first block {dtypes[0]}/{dtypes[1]}")
             labels = np.zeros(len(y), dtype=np.int64) if src.num_classes == 0 else y
-            out = group_holdout(labels, owner, held[a:b], pos[first[a]:first[b]])
+            out = group_holdout(labels, owner, held[a:b], pos[first:last])
             rows = np.flatnonzero(~out)
-            rows = rows[np.lexsort((rank[train_first[a]:train_first[b]], owner[rows]))]  # by client, then row order
+            rows = rows[np.lexsort((rank[train_first:train_last], owner[rows]))]  # by client, then row order
             if local is not None and local_pos is not None:
                 mask = local_holdout(labels[rows], owner[rows], train_sizes[a:b], cfg.local_test_fraction,
-                                     local_pos[train_first[a]:train_first[b]])
+                                     local_pos[train_first:train_last])
                 local.append(owner[rows[mask]] + a, x[rows[mask]], y[rows[mask]])
                 rows = rows[~mask]
             train.append(owner[rows] + a, x[rows], y[rows])
             rows = np.flatnonzero(out)
             test.append(np.full(len(rows), TEST_CLIENT, dtype=np.int64), x[rows], y[rows])
+            end, first, train_first = b, last, train_last
     return _finish(cfg, train_path, test_path, train_sizes, meta, num_test, src.num_classes, src.image_shape,
-                   local_sizes=local_sizes if local_pos is not None else None)
+                   local_sizes=local_sizes)
 
 
 def _check_train_samples(cfg: DataConfig, num_train: int, num_test: int) -> None:

@@ -158,6 +158,32 @@ def test_read_rows_reads_exactly_those_rows_across_row_groups(tmp_path, monkeypa
     assert np.array_equal(x, full_x[rows]) and np.array_equal(y, full_y[rows])
 
 
+def _bounds_by_rule(runs: np.ndarray, target: int) -> list[int]:
+    """The row-group rule read client by client: a group starts at the first client starting in each window of
+    `target` rows; a larger client starts groups every `target` of its rows, and the next client a new one."""
+    bounds, windows, start = {int(np.sum(runs))}, set(), 0
+    for m in runs.tolist():
+        if start // target not in windows:
+            windows.add(start // target)
+            bounds.add(start)
+        if m > target:
+            bounds.update(range(start, start + m, target))
+            bounds.add(start + m)
+        start += m
+    return sorted(bounds)
+
+
+def test_row_group_bounds_follow_the_rule_without_a_pass_per_client_in_python():
+    """The vectorized bounds (one array over the clients, at most: 10^8 of them in a build) are the rule's, for
+    empty, small, large and mixed clients, and windows no client starts in."""
+    rng = np.random.default_rng(3)
+    cases = [np.zeros(0, np.int64), np.array([0, 0, 5]), np.array([7]), np.array([1, 1, 1, 30, 1])]
+    cases += [rng.integers(0, 5, 60), rng.integers(1, 50, 80), rng.geometric(0.02, 50), rng.integers(0, 2, 90)] * 25
+    for i, runs in enumerate(cases):
+        target = [3, 1, 7, 10][i % 4] if i < 4 else int(rng.integers(1, 120))
+        assert federated._row_group_bounds(runs, target) == _bounds_by_rule(runs, target), (runs, target)
+
+
 def test_row_groups_keep_small_clients_whole_so_filters_prune(tmp_path, monkeypatch):
     monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 40 * (64 * 4 + 16))  # 40 digits rows per group
     fd = digits(tmp_path, kind="quantity")
@@ -363,13 +389,16 @@ def test_a_block_build_never_holds_the_pooled_samples(tmp_path, monkeypatch, own
 
 
 def test_a_block_that_disagrees_with_its_sizes_or_labels_is_refused(tmp_path, own_sources):
-    """Each block is checked as a source: its sample count against `sizes`, its labels against num_classes, and no
-    partial file is left behind."""
+    """Each block is checked as a source: its sample count against `sizes`, its labels against num_classes, its
+    first client against the last block's end, and no partial file is left behind."""
     from raysim.data.sources import ClientBlocks, register_block_source
 
     @register_block_source("test-bad-blocks")
     def bad_blocks(cfg, seed):
         labels = np.zeros(8, np.int64) if cfg.num_clients == 4 else np.full(8, 7, np.int64)
+        if cfg.num_clients == 6:  # the clients 2..3 skipped
+            return ClientBlocks(np.full(6, 4), (2,), 3, [(0, 2, np.zeros((8, 2), np.float32), np.zeros(8, np.int64)),
+                                                         (4, 6, np.zeros((8, 2), np.float32), np.zeros(8, np.int64))])
         return ClientBlocks(np.full(cfg.num_clients, 4), (2,), 3,
                             [(0, 2, np.zeros((8, 2), np.float32), labels), (2, cfg.num_clients, np.zeros((3, 2), np.float32), np.zeros(3, np.int64))])
 
@@ -379,5 +408,8 @@ def test_a_block_that_disagrees_with_its_sizes_or_labels_is_refused(tmp_path, ow
     with pytest.raises(ValueError, match=r"int64 labels in \[0, 3\)"):
         build_federated(DataConfig(source="test-bad-blocks", num_clients=5, partition={"kind": "natural"},
                                    test_fraction=0.25), 0, tmp_path / "b")
-    assert not list((tmp_path / "a").iterdir()) and not list((tmp_path / "b").iterdir())
+    with pytest.raises(ValueError, match=r"a block of clients starts at 4, not at 2"):
+        build_federated(DataConfig(source="test-bad-blocks", num_clients=6, partition={"kind": "natural"},
+                                   test_fraction=0.25), 0, tmp_path / "c")
+    assert not any(list((tmp_path / d).iterdir()) for d in "abc")
 
