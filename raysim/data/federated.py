@@ -327,9 +327,9 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
     sizes = np.asarray(src.sizes, dtype=np.int64)
     if len(sizes) != cfg.num_clients or not sizes.all():
         raise natural_clients_error(int(np.count_nonzero(sizes)), cfg.num_clients)
-    held = natural_holdout(sizes, cfg.test_fraction)
-    train_sizes = sizes - held
-    num_train, num_test = int(train_sizes.sum()), int(held.sum())
+    train_sizes = sizes - natural_holdout(sizes, cfg.test_fraction)  # a block's held-out counts made again per block
+    num_train = int(train_sizes.sum())
+    num_test = int(sizes.sum()) - num_train
     _check_train_samples(cfg, num_train, num_test)
     check_min_size(train_sizes, cfg.partition)
     local_sizes = natural_holdout(train_sizes, cfg.local_test_fraction) if cfg.local_test_fraction else None
@@ -362,7 +362,7 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
                 raise ValueError(f"source {cfg.source!r}: the block of clients {a}..{b - 1} has {len(y)} samples of "
                                  f"{x.dtype}/{y.dtype}; its sizes say {len(owner)}, the first block {dtypes[0]}/{dtypes[1]}")
             labels = np.zeros(len(y), dtype=np.int64) if src.num_classes == 0 else y
-            out = group_holdout(labels, owner, held[a:b], pos[first:last])
+            out = group_holdout(labels, owner, sizes[a:b] - train_sizes[a:b], pos[first:last])
             rows = np.flatnonzero(~out)
             rows = rows[np.lexsort((rank[train_first:train_last], owner[rows]))]  # by client, then row order
             if local is not None and local_pos is not None:
@@ -374,6 +374,7 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
             rows = np.flatnonzero(out)
             test.append(np.full(len(rows), TEST_CLIENT, dtype=np.int64), x[rows], y[rows])
             end, first, train_first = b, last, train_last
+    del pos, rank, local_pos  # the permutations over every sample: not held while the sizes are written
     return _finish(cfg, train_path, test_path, train_sizes, meta, num_test, src.num_classes, src.image_shape,
                    local_sizes=local_sizes)
 
@@ -418,7 +419,7 @@ def _finish(cfg: DataConfig, train_path: Path, test_path: Path, sizes: np.ndarra
         local = np.asarray(local_sizes, dtype=np.int64)
         atomic_write_bytes(sizes_path(local_path), lambda tmp: _save_npy(tmp, local))
         sizes = sizes - local
-    sizes = sizes.astype(np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
     atomic_write_bytes(sizes_path(train_path), lambda tmp: _save_npy(tmp, sizes))
     return FederatedData(
         train_path=train_path,

@@ -87,10 +87,15 @@ def compact_permutation(rng: np.random.Generator, n: int) -> np.ndarray:
     return perm
 
 
+INVERSE_CHUNK = 1 << 20  # positions written at a time: no second array over every element
+
+
 def inverse_permutation(perm: np.ndarray) -> np.ndarray:
-    """Each element's position in the permutation `perm` (int32 while that fits: half the memory at 10^8)."""
+    """Each element's position in the permutation `perm` (int32 while that fits: half the memory at 10^8), written
+    a chunk of positions at a time."""
     pos = np.empty(len(perm), dtype=np.int32 if len(perm) < 2**31 else np.int64)
-    pos[perm] = np.arange(len(perm), dtype=pos.dtype)
+    for a in range(0, len(perm), INVERSE_CHUNK):
+        pos[perm[a:a + INVERSE_CHUNK]] = np.arange(a, min(a + INVERSE_CHUNK, len(perm)), dtype=pos.dtype)
     return pos
 
 

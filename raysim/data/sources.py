@@ -290,12 +290,15 @@ SYNTHETIC_BLOCK_ROWS = 1 << 15  # samples drawn at once (about 5 MB of features)
 
 def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int]]:
     """Consecutive client ranges [a, b) of about SYNTHETIC_BLOCK_ROWS samples (one client at least)."""
-    ends = np.cumsum(sizes)
-    a = 0
-    while a < len(sizes):
-        b = max(a + 1, int(np.searchsorted(ends, ends[a] - sizes[a] + SYNTHETIC_BLOCK_ROWS, side="right")))
-        yield a, b
-        a = b
+    a, k, span = 0, len(sizes), SYNTHETIC_BLOCK_ROWS  # the clients from a whose samples run to a block, at most
+    while a < k:
+        ends = np.cumsum(sizes[a:a + span])  # the samples from a's first one (no array over every client)
+        b = a + int(np.searchsorted(ends, SYNTHETIC_BLOCK_ROWS, side="right"))
+        if b == a + len(ends) < k:  # clients of no samples: the window holds too few to fill a block
+            span *= 2
+            continue
+        yield a, max(a + 1, b)
+        a, span = max(a + 1, b), SYNTHETIC_BLOCK_ROWS
 
 
 def _synthetic_block(rng: np.random.Generator, u: np.ndarray, v: np.ndarray, sizes: np.ndarray

@@ -6,7 +6,7 @@ import pytest
 
 from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import PartitionConfig, partition, register_partitioner
-from raysim.data.partition import apportion, apportion_rows, dense_index, dirichlet_classes
+from raysim.data.partition import apportion, apportion_rows, dense_index, dirichlet_classes, inverse_permutation
 from raysim.plugins import PARTITIONERS
 
 KINDS = ["iid", "dirichlet", "shards", "quantity"]
@@ -173,3 +173,15 @@ def test_dense_index_is_uniques_inverse(values):
     values = np.asarray(values)
     got = dense_index(values)
     assert got.dtype.kind == "i" and np.array_equal(got, np.unique(values, return_inverse=True)[1])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 1000])
+def test_a_permutations_inverse_is_its_argsort_across_chunks(n, monkeypatch):
+    """Each element's position in the permutation, written a chunk at a time (chunks of 7 here), is argsort(perm)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("raysim.data.partition"), "INVERSE_CHUNK", 7)
+    perm = np.random.default_rng(n).permutation(n).astype(np.int32)
+    pos = inverse_permutation(perm)
+    assert pos.dtype == np.int32 and np.array_equal(pos, np.argsort(perm))
+
