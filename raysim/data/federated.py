@@ -165,10 +165,13 @@ def _row_group_bounds(runs: np.ndarray, target: int) -> list[int]:
     starts = np.cumsum(sizes)
     n = int(starts[-1]) if len(starts) else 0
     starts -= sizes  # each client's first row, in place: one array over the clients (10^8 of them at most)
-    edges = np.arange(0, n, target)  # each window's first row; its first client is the first starting at or after
-    firsts = starts[np.minimum(np.searchsorted(starts, edges), max(len(starts) - 1, 0))] if len(starts) else edges
+    edges = np.arange(0, n, target)  # each window's first row
+    at = np.searchsorted(starts, edges)  # the first client starting at or after it
+    inside = at < len(starts)
+    firsts = starts[at[inside]]
     big = sizes > target
-    parts: list[np.ndarray | list[int]] = [firsts[(firsts >= edges) & (firsts < edges + target)], starts[big] + sizes[big], [n],
+    parts: list[np.ndarray | list[int]] = [firsts[firsts < edges[inside] + target],  # those starting in their window
+                                           starts[big] + sizes[big], [n],
                                            *(np.arange(s, s + m, target) for s, m in zip(starts[big], sizes[big]))]
     return [int(b) for b in np.unique(np.concatenate(parts))]
 
@@ -346,7 +349,7 @@ def _build_from_blocks(cfg: DataConfig, seed: int, src: ClientBlocks, out_dir: P
     with contextlib.ExitStack() as files:
         runs = train_sizes if local_sizes is None else train_sizes - local_sizes  # the training file's rows a client
         train = files.enter_context(_GroupWriter(train_path, runs, meta, *dtypes, flat))
-        del runs
+        del runs  # an array over every client: not held through the blocks
         test = files.enter_context(_GroupWriter(test_path, np.array([num_test]), meta, *dtypes, flat))
         local = None if local_sizes is None else files.enter_context(
             _GroupWriter(train_path.with_name(LOCAL_TEST), local_sizes[local_sizes > 0], meta, *dtypes, flat))

@@ -294,7 +294,7 @@ def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int]]:
     while a < k:
         ends = np.cumsum(sizes[a:a + span])  # the samples from a's first one (no array over every client)
         b = a + int(np.searchsorted(ends, SYNTHETIC_BLOCK_ROWS, side="right"))
-        if b == a + len(ends) < k:  # clients of no samples: the window holds too few to fill a block
+        if b == a + len(ends) < k:  # the window's clients hold no more than a block (some hold none): widen it
             span *= 2
             continue
         yield a, max(a + 1, b)
