@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import numpy as np
 import pandas as pd
@@ -367,23 +368,27 @@ def test_a_regression_source_of_client_blocks_matches_its_pooled_build(tmp_path,
     assert blocks.target_shape == (2,) and blocks.num_classes == 0
 
 
+def _traced_build_peak(cfg: DataConfig, out) -> int:
+    """Peak traced bytes (tracemalloc) of building `cfg` into `out`."""
+    tracemalloc.start()
+    try:
+        build_federated(cfg, 0, out)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_block_build_never_holds_the_pooled_samples(tmp_path, monkeypatch, own_sources):
     """Peak traced memory of the block build (blocks of 4096 samples) is under a third of the pooled build's,
     whose features alone are 48 MB."""
-    import tracemalloc
-
     from raysim.data import sources
 
     monkeypatch.setattr(federated, "WRITE_AHEAD", 2)
     monkeypatch.setattr(sources, "SYNTHETIC_BLOCK_ROWS", 4096)
     whole = _pooled("synthetic")
     cfg = dict(num_clients=20_000, synthetic_samples=600_000, synthetic_features=20, partition={"kind": "natural"})
-    peaks = {}
-    for source in ("synthetic", whole):
-        tracemalloc.start()
-        build_federated(DataConfig(source=source, **cfg), 0, tmp_path / source)
-        peaks[source] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+    peaks = {source: _traced_build_peak(DataConfig(source=source, **cfg), tmp_path / source)
+             for source in ("synthetic", whole)}
     assert peaks["synthetic"] < peaks[whole] / 3, peaks
     assert (tmp_path / "synthetic" / "train.parquet").read_bytes() == (tmp_path / whole / "train.parquet").read_bytes()
 
@@ -393,8 +398,6 @@ def test_a_block_builds_memory_grows_by_a_few_arrays_over_its_clients_and_sample
     holdout, 8 bytes each) and its samples' places in the two keyed permutations (4 bytes a sample each): about 40
     bytes, where the build held 122 before it kept no further array over every client. Small row groups and blocks
     keep the part that does not grow out of the difference."""
-    import tracemalloc
-
     from raysim.data import sources
 
     monkeypatch.setattr(federated, "ROW_GROUP_BYTES", 1 << 16)
@@ -404,10 +407,7 @@ def test_a_block_builds_memory_grows_by_a_few_arrays_over_its_clients_and_sample
     for n in (1_000, 50_000, 150_000):  # the first builds what a first build imports
         cfg = DataConfig(source="synthetic", num_clients=n, synthetic_samples=3 * n, synthetic_features=4,
                          partition={"kind": "natural"})
-        tracemalloc.start()
-        build_federated(cfg, 0, tmp_path / str(n))
-        peaks[n] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        peaks[n] = _traced_build_peak(cfg, tmp_path / str(n))
     per_client = (peaks[150_000] - peaks[50_000]) / 100_000
     assert per_client < 90, per_client
 
