@@ -4,15 +4,17 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.core.rng import SERVER, SETUP, stream
+from raysim.system.quantile_table import LOWER_LIMIT, TABLE_SHAPES, tabled_quantile
 
 
 def gamma_quantile(shape: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The Gamma(shape, 1) quantile: x with P(shape, x) = u, elementwise; 0 where shape or u is 0.
 
-    It turns one uniform per client into that client's Erlang time, so a round's clients are
-    sampled from one vector of uniforms. scipy's `gammaincinv` is a scalar ufunc: each element's
-    value depends on its own (shape, u) alone, never on its neighbours or the batch, which keeps
-    a client's time independent of how clients are packed into actors.
+    It turns one uniform per client into that client's Erlang time, so a round's clients are sampled from one
+    vector of uniforms. Each element's value depends on its own (shape, u) alone, never on its neighbours or the
+    batch, which keeps a client's time independent of how clients are packed into actors: integer shapes up to
+    TABLE_SHAPES (those local training gives) are interpolated from a table per shape (`tabled_quantile`), the rest
+    solved by scipy's `gammaincinv`, a scalar ufunc.
     """
     from scipy.special import gammaincinv  # 0.16 s to import: not on `import raysim`'s path
 
@@ -23,7 +25,18 @@ def gamma_quantile(shape: np.ndarray, u: np.ndarray) -> np.ndarray:
     if not np.all((p >= 0) & (p < 1)):
         raise ValueError(f"uniforms must lie in [0, 1), got {p[~((p >= 0) & (p < 1))][:3]}")
     a, p = np.broadcast_arrays(a, p)
-    return np.where(a > 0, gammaincinv(np.where(a > 0, a, 1.0), p), 0.0)
+    shape_out = a.shape
+    a, p = a.ravel(), p.ravel()
+    x = np.zeros(a.size)
+    tabled = (a >= 1) & (a <= TABLE_SHAPES) & (a == np.floor(a)) & (p >= LOWER_LIMIT)
+    if tabled.all():
+        x = tabled_quantile(a, p)
+    elif tabled.any():
+        x[tabled] = tabled_quantile(a[tabled], p[tabled])
+    rest = (a > 0) & (p > 0) & ~tabled
+    if rest.any():
+        x[rest] = gammaincinv(a[rest], p[rest])
+    return x.reshape(shape_out)
 
 
 def compute_time(
