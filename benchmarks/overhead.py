@@ -12,17 +12,21 @@ chunks of the round's clients, each on one torch thread (so its numbers match ev
     python benchmarks/overhead.py                     # both backends, 13 rounds each
     python benchmarks/overhead.py --backends local --rounds 7 --sizes 1000 10000 100000
     python benchmarks/overhead.py --repeats 5        # five runs in turn, and how many met each target
+    python benchmarks/overhead.py --phases           # and where a client's CPU goes, phase by phase (local backend)
 
 Not a timed test: run it on an idle machine, and compare ratios measured in one run.
 """
 from __future__ import annotations
 
 import argparse
-import copy
+import collections
+import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +39,17 @@ from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
 from raysim.data import build_federated, read_table_arrays
 from raysim.models import DTYPES
+from raysim.round import shard
 from raysim.round.engine import eval_data
 from raysim.round.experiment import make_algorithm
+from raysim.round.shard import ShardResult
+from raysim.system.model import SystemModel
+from raysim.training.local_sgd import LocalSGD
 
 CLIENTS, SAMPLES, FEATURES = 20_000, 10, 20
 TARGET_US, TARGET_LIMIT = 5.0, 1.5  # issue 30
+PHASES = {"batch plans": (LocalSGD, "_plans"), "local SGD": (LocalSGD, "_train"), "uploads": (LocalSGD, "_uploads"),
+          "compute-time quantiles": (SystemModel, "client_compute_times"), "reduction tree": (shard, "reduce_stacked")}
 
 
 def config(per_round: int, rounds: int, backend: str) -> dict:
@@ -106,6 +116,49 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def phase_profile(per_round: int, rounds: int) -> dict[str, float]:
+    """CPU microseconds a client of each phase of a shard's round on the local backend (every thread's CPU time in
+    it, summed over the round's chunks): medians over rounds 2.., and the steady round's wall time (`round`)."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    per_round_spent: dict[str, list[float]] = collections.defaultdict(list)
+    train = shard.ClientShard.train
+
+    def counted(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t = time.thread_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[name] += time.thread_time() - t
+        return call
+
+    def one_round(*args: Any, **kwargs: Any) -> ShardResult:
+        spent.clear()
+        out = train(*args, **kwargs)
+        for name in PHASES:
+            per_round_spent[name].append(spent[name])
+        return out
+
+    with _replaced([(owner, attr, counted(name, getattr(owner, attr))) for name, (owner, attr) in PHASES.items()]
+                   + [(shard.ClientShard, "train", one_round)]), tempfile.TemporaryDirectory() as out:
+        result = raysim.run(config(per_round, rounds, "local"), out=Path(out) / "run", progress=False)
+    phases = {name: float(np.median(v[1:])) / per_round * 1e6 for name, v in per_round_spent.items()}
+    return {**phases, "round": float(result.rounds["round_wall_s"].iloc[1:].median())}
+
+
+@contextlib.contextmanager
+def _replaced(attrs: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Each (owner, name) set to its value for the block, then restored."""
+    before = [(owner, name, getattr(owner, name)) for owner, name, _ in attrs]
+    try:
+        for owner, name, value in attrs:
+            setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in before:
+            setattr(owner, name, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="clients a round")
@@ -113,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure the limit and every backend this many times in turn, then count the runs that met each target")
+    ap.add_argument("--phases", action="store_true",
+                    help="then the CPU a client of each phase of the local backend's round at the largest size")
     args = ap.parse_args(argv)
     sizes = sorted(args.sizes)
     lo, hi = sizes[0], sizes[-1]
@@ -138,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{backend:8} over {len(runs)} runs: marginal <= {TARGET_US:g} us in {int((us <= TARGET_US).sum())} "
                   f"(median {np.median(us):.1f} us); {hi:,} clients <= {TARGET_LIMIT:g}x the limit in "
                   f"{int((ratios <= TARGET_LIMIT).sum())} (median {np.median(ratios):.2f}x)")
+    if args.phases:
+        profile = phase_profile(hi, args.rounds)
+        print(f"where a client's CPU goes at {hi:,} clients a round (local backend, every thread's CPU in each phase, "
+              f"medians of rounds 2..; steady round {profile.pop('round'):.4f} s):")
+        for name, us in profile.items():
+            print(f"  {name:24} {us:5.2f} us a client")
+        print(f"  {'together':24} {sum(profile.values()):5.2f} us a client")
     return 0
 
 
