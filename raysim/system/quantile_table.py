@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-TABLE_SHAPES = 256  # shapes 1..256 are interpolated; a shape's table (25 KB) is built when a client first needs it
+TABLE_SHAPES = 256  # shapes 1..256 are interpolated: 6.5 MB of coefficients when every interval of every shape is used
 LOWER_LIMIT = 2.0**-10  # u below it is scipy's (one client in a thousand): the table starts there
 STEP = 0.02  # between nodes in w: the interpolant's own error is then below the nodes'
 _W0 = math.log(-math.log1p(-LOWER_LIMIT))
@@ -29,46 +29,57 @@ _INTERVALS = math.ceil((math.log(53 * math.log(2)) - _W0) / STEP)  # past u = 1 
 
 
 class _Tables:
-    """Every interpolated shape's coefficients, built on first use: one array, so a round's clients of every shape
-    are evaluated together; the pages of shapes never used are never touched."""
+    """Every interpolated shape's coefficients in one array, shape k's interval j at row (k - 1) * _INTERVALS + j, so
+    a round's clients of every shape are evaluated together. An interval is built when a client first needs it: a
+    run touches only its clients' shapes and intervals (a thousand clients of one shape, most of one shape's 527),
+    and a shape held by a few clients costs a few intervals, not a table."""
 
     def __init__(self) -> None:
         self.coefficients = np.zeros((TABLE_SHAPES * _INTERVALS, 6))
-        self.built = np.zeros(TABLE_SHAPES + 1, dtype=bool)
-        self.lock = threading.Lock()  # a shard's threads may ask for the same shape at once
+        self.built = np.zeros(TABLE_SHAPES * _INTERVALS, dtype=bool)
+        self.lock = threading.Lock()  # a shard's threads may need the same intervals at once: they are built once
 
-    def ensure(self, shapes: np.ndarray) -> None:
-        """Build the tables of `shapes` (integers 1..TABLE_SHAPES) not built yet."""
-        if self.built[shapes].all():
-            return
-        with self.lock:
-            for k in np.unique(shapes[~self.built[shapes]]).tolist():
-                if not self.built[k]:
-                    self.coefficients[(k - 1) * _INTERVALS:k * _INTERVALS] = _hermite_coefficients(k)
-                    self.built[k] = True
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """The coefficients of `rows`, [len(rows), 6], the missing ones built first."""
+        if not self.built[rows].all():
+            with self.lock:
+                missing = np.unique(rows[~self.built[rows]])
+                if missing.size:
+                    self.coefficients[missing] = _hermite_coefficients(missing // _INTERVALS + 1, missing % _INTERVALS)
+                    self.built[missing] = True
+        return np.take(self.coefficients, rows, axis=0)
 
 
 _TABLES = _Tables()
 
 
-def _hermite_coefficients(k: int) -> np.ndarray:
-    """Shape k's interpolant: each interval's quintic c0 + c1 t + ... + c5 t^5 in t = (w - w_j)/STEP, matching the
-    quantile and its first two derivatives at both ends."""
-    from scipy.special import gammainccinv, gammaincinv  # 0.16 s to import: not on `import raysim`'s path
-
-    w = [_W0 + j * STEP for j in range(_INTERVALS + 1)]
-    v = np.array([math.exp(wj) for wj in w])
-    low = v < math.log(2)  # u < 1/2: the lower tail's inverse; above, the upper one's keeps the digits of 1 - u
-    x = np.where(low, gammaincinv(k, [-math.expm1(-vj) for vj in v]), gammainccinv(k, [math.exp(-vj) for vj in v]))
-    s = np.array([math.exp(-vj - ((k - 1) * math.log(xj) - xj - math.lgamma(k))) for vj, xj in zip(v, x)])
-    d1 = v * s * STEP
-    d2 = d1 * (1.0 + v * (-1.0 - s * ((k - 1) / x - 1.0))) * STEP
-    f0, f1, g0, g1, h0, h1 = x[:-1], x[1:], d1[:-1], d1[1:], d2[:-1], d2[1:]
+def _hermite_coefficients(k: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Shape k's interval j, elementwise: the quintic c0 + c1 t + ... + c5 t^5 in t = (w - w_j)/STEP that matches the
+    quantile and its first two derivatives at both ends, nodes j and j + 1."""
+    f0, g0, h0 = _node(k, j)
+    f1, g1, h1 = _node(k, j + 1)
     rise = f1 - f0
     return np.stack([f0, g0, 0.5 * h0,
                      10.0 * rise - 6.0 * g0 - 4.0 * g1 - 1.5 * h0 + 0.5 * h1,
                      -15.0 * rise + 8.0 * g0 + 7.0 * g1 + 1.5 * h0 - h1,
                      6.0 * rise - 3.0 * g0 - 3.0 * g1 - 0.5 * h0 + 0.5 * h1], axis=1)
+
+
+def _node(k: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shape k's quantile at node j (w = _W0 + j STEP) and its first two derivatives in t, elementwise: scipy's
+    quantile, then x' = v S(x) and x'' = x' (1 + v S'(x)) with libm's exp and log (one element at a time)."""
+    from scipy.special import gammainccinv, gammaincinv  # 0.16 s to import: not on `import raysim`'s path
+
+    v = np.array([math.exp(w) for w in (_W0 + j * STEP).tolist()])
+    x = np.empty(v.size)
+    low = v < math.log(2)  # u < 1/2: the lower tail's inverse; above, the upper one's keeps the digits of 1 - u
+    x[low] = gammaincinv(k[low], [-math.expm1(-vi) for vi in v[low].tolist()])
+    x[~low] = gammainccinv(k[~low], [math.exp(-vi) for vi in v[~low].tolist()])
+    m = k - 1.0
+    s = np.array([math.exp(-vi - (mi * math.log(xi) - xi - math.lgamma(mi + 1.0)))
+                  for vi, xi, mi in zip(v.tolist(), x.tolist(), m.tolist())])
+    d1 = v * s * STEP
+    return x, d1, d1 * (1.0 + v * (-1.0 - s * (m / x - 1.0))) * STEP
 
 
 def tabled_quantile(k: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -77,7 +88,6 @@ def tabled_quantile(k: np.ndarray, u: np.ndarray) -> np.ndarray:
     from scipy.special import xlog1py, xlogy  # scalar C: scipy's log1p, libm's log
 
     shapes = np.asarray(k, dtype=np.int64)
-    _TABLES.ensure(shapes)
     v = xlog1py(-1.0, -np.asarray(u, dtype=np.float64))  # -log(1 - u)
     s = xlogy(1.0, v)
     s -= _W0
@@ -85,7 +95,7 @@ def tabled_quantile(k: np.ndarray, u: np.ndarray) -> np.ndarray:
     i = s.astype(np.int64)  # s >= 0 up to rounding, which truncation takes to interval 0
     t = s - i
     i += (shapes - 1) * _INTERVALS
-    c = np.take(_TABLES.coefficients, i, axis=0)
+    c = _TABLES.rows(i)
     x = c[:, 5] * t
     for j in (4, 3, 2, 1):
         x += c[:, j]

@@ -11,7 +11,7 @@ from scipy.special import gammaincinv
 from raysim.core.rng import stream
 from raysim.system.compute import gamma_quantile
 from raysim.system import quantile_table
-from raysim.system.quantile_table import LOWER_LIMIT, TABLE_SHAPES, tabled_quantile
+from raysim.system.quantile_table import _INTERVALS, LOWER_LIMIT, TABLE_SHAPES, _hermite_coefficients, tabled_quantile
 
 SHAPES = [1, 2, 3, 5, 25, 64, TABLE_SHAPES]
 
@@ -53,13 +53,22 @@ def test_shape_one_is_the_exponentials_quantile_exactly():
 
 
 def test_an_elements_quantile_is_the_same_alone_among_other_shapes_and_in_any_order():
-    """The value of (k, u) does not depend on the array it is in, nor on which shapes' tables were built first."""
+    """The value of (k, u) does not depend on the array it is in."""
     rng = stream(3, 0, 0, "test")
     k, u = rng.integers(1, TABLE_SHAPES + 1, 400), rng.uniform(LOWER_LIMIT, 1, 400)
     mixed = tabled_quantile(k, u)
     alone = np.array([tabled_quantile(k[i:i + 1], u[i:i + 1])[0] for i in range(400)])
     order = rng.permutation(400)
     assert np.array_equal(mixed, alone) and np.array_equal(tabled_quantile(k[order], u[order]), mixed[order])
+
+
+def test_an_intervals_coefficients_are_the_same_built_alone_or_among_others():
+    """Intervals are built as clients first need them, so which others share a build varies from run to run and from
+    actor to actor: an interval's coefficients must not depend on them."""
+    rng = stream(5, 0, 0, "test")
+    k, j = rng.integers(1, TABLE_SHAPES + 1, 200), rng.integers(0, _INTERVALS, 200)
+    together = _hermite_coefficients(k, j)
+    assert np.array_equal(together, np.concatenate([_hermite_coefficients(k[i:i + 1], j[i:i + 1]) for i in range(200)]))
 
 
 _PROBE = """
