@@ -31,8 +31,8 @@ _INTERVALS = math.ceil((math.log(53 * math.log(2)) - _W0) / STEP)  # past u = 1 
 class _Tables:
     """Every interpolated shape's coefficients in one array, shape k's interval j at row (k - 1) * _INTERVALS + j, so
     a round's clients of every shape are evaluated together. An interval is built when a client first needs it: a
-    run touches only its clients' shapes and intervals (a thousand clients of one shape, most of one shape's 527),
-    and a shape held by a few clients costs a few intervals, not a table."""
+    run builds only its clients' shapes and intervals (a round of a thousand clients of one shape, most of its 527),
+    so a shape held by a few clients costs a few intervals, not a table."""
 
     def __init__(self) -> None:
         self.coefficients = np.zeros((TABLE_SHAPES * _INTERVALS, 6))
