@@ -24,9 +24,10 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -139,24 +140,14 @@ def phase_profile(per_round: int, rounds: int) -> dict[str, float]:
             per_round_spent[name].append(spent[name])
         return out
 
-    with _replaced([(owner, attr, counted(name, getattr(owner, attr))) for name, (owner, attr) in PHASES.items()]
-                   + [(shard.ClientShard, "train", one_round)]), tempfile.TemporaryDirectory() as out:
+    with contextlib.ExitStack() as stack:  # each phase's function wrapped for the run, then restored
+        for name, (owner, attr) in PHASES.items():
+            stack.enter_context(mock.patch.object(owner, attr, counted(name, getattr(owner, attr))))
+        stack.enter_context(mock.patch.object(shard.ClientShard, "train", one_round))
+        out = stack.enter_context(tempfile.TemporaryDirectory())
         result = raysim.run(config(per_round, rounds, "local"), out=Path(out) / "run", progress=False)
     phases = {name: float(np.median(v[1:])) / per_round * 1e6 for name, v in per_round_spent.items()}
     return {**phases, "round": float(result.rounds["round_wall_s"].iloc[1:].median())}
-
-
-@contextlib.contextmanager
-def _replaced(attrs: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Each (owner, name) set to its value for the block, then restored."""
-    before = [(owner, name, getattr(owner, name)) for owner, name, _ in attrs]
-    try:
-        for owner, name, value in attrs:
-            setattr(owner, name, value)
-        yield
-    finally:
-        for owner, name, value in before:
-            setattr(owner, name, value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,13 +29,9 @@ def gamma_quantile(shape: np.ndarray, u: np.ndarray) -> np.ndarray:
     a, p = a.ravel(), p.ravel()
     x = np.zeros(a.size)
     tabled = (a >= 1) & (a <= TABLE_SHAPES) & (a == np.floor(a)) & (p >= LOWER_LIMIT)
-    if tabled.all():
-        x = tabled_quantile(a, p)
-    elif tabled.any():
-        x[tabled] = tabled_quantile(a[tabled], p[tabled])
+    x[tabled] = tabled_quantile(a[tabled], p[tabled])
     rest = (a > 0) & (p > 0) & ~tabled
-    if rest.any():
-        x[rest] = gammaincinv(a[rest], p[rest])
+    x[rest] = gammaincinv(a[rest], p[rest])
     return x.reshape(shape_out)
 
 
