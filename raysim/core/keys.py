@@ -77,9 +77,22 @@ def grouped_uniforms(seed: int, round: int, groups: list[np.ndarray], purpose: s
                      device: Any = None) -> list[Any]:
     """`uniforms(seed, round, groups[g], purpose, counts[g])` of each group g of clients, from one evaluation of
     Philox over all of their counters (a GPU's launches, the host's array calls, once for every group)."""
+    bits = _draw_bits(seed, round, groups, purpose, counts, device)
+    both = bits.astype(np.float64) if device is None else bits.to(torch.float64)
+    return _split(both * 2.0**-53, groups, counts)
+
+
+def grouped_bits(seed: int, round: int, groups: list[np.ndarray], purpose: str, counts: list[int]) -> list[np.ndarray]:
+    """`grouped_uniforms` on the host as the integers behind them: int64 in [0, 2^53), each uniform times 2^53
+    exactly, so they order as the uniforms do (a sort's keys without the conversion)."""
+    return _split(_draw_bits(seed, round, groups, purpose, counts, None), groups, counts)
+
+
+def _draw_bits(seed: int, round: int, groups: list[np.ndarray], purpose: str, counts: list[int], device: Any) -> Any:
+    """The 53-bit integers of every group's draws from one Philox evaluation: [counters, 2], group after group,
+    each group's rows client by client, two draws a counter."""
     blocks = [(int(n) + 1) // 2 for n in counts]  # one Philox call gives 128 bits: two doubles
     ids = [np.asarray(c, dtype=np.int64).reshape(-1) for c in groups]
-    lengths = [c.size * b for c, b in zip(ids, blocks)]
     cat: Any  # np.concatenate or torch.cat
     spread: Callable[[Any, np.ndarray, int], Any]  # a group's words, broadcast over its counters, flat
     if device is None:
@@ -98,14 +111,18 @@ def grouped_uniforms(seed: int, round: int, groups: list[np.ndarray], purpose: s
         client = cat([spread(v, c, b) for v, c, b in zip(columns, ids, blocks)])
     counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
     w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
-    # a double from two words: the top 53 of their 64 bits (hi << 21 | lo >> 11), exact in int64 and in float64
+    # a double's 53 bits from two words: the top 53 of their 64 (hi << 21 | lo >> 11), exact in int64 and float64
     bits = ((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11))
-    both = np.stack(bits, -1).astype(np.float64) if device is None else torch.stack(bits, -1).to(torch.float64)
-    both = (both * 2.0**-53).reshape(-1, 2)  # a row per counter, client by client
+    return (np.stack(bits, -1) if device is None else torch.stack(bits, -1)).reshape(-1, 2)
+
+
+def _split(both: Any, groups: list[np.ndarray], counts: list[int]) -> list[Any]:
+    """Each group's [clients, count] of the rows `_draw_bits` laid out (or of their uniforms)."""
     out, at = [], 0
-    for c, b, n, size in zip(ids, blocks, counts, lengths):
-        out.append(both[at:at + size].reshape(c.size, 2 * b)[:, :n])
-        at += size
+    for c, n in zip(groups, counts):
+        k, b = np.size(c), (int(n) + 1) // 2
+        out.append(both[at:at + k * b].reshape(k, 2 * b)[:, :n])
+        at += k * b
     return out
 
 
@@ -136,6 +153,10 @@ class Keys:
     def grouped_uniforms(self, groups: list[np.ndarray], counts: list[int], device: Any = None) -> list[Any]:
         """`uniforms(counts[g])` of the clients at positions `groups[g]` of these keys, for every group at once."""
         return grouped_uniforms(self.seed, self.round, [self.clients[g] for g in groups], self.purpose, counts, device)
+
+    def grouped_bits(self, groups: list[np.ndarray], counts: list[int]) -> list[np.ndarray]:
+        """`grouped_uniforms` on the host as their 53-bit integers (`grouped_bits`)."""
+        return grouped_bits(self.seed, self.round, [self.clients[g] for g in groups], self.purpose, counts)
 
     def __len__(self) -> int:
         return len(self.clients)

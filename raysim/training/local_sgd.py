@@ -245,13 +245,17 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
 
 def _host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,
                 keys: Keys, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """`batch_plans` in NumPy, group by group (`_host_groups`), every group's uniforms from one Philox evaluation."""
+    """`batch_plans` in NumPy, group by group (`_host_groups`), every group's draws from one Philox evaluation (as
+    their 53-bit integers: the uniforms' order without converting them)."""
     groups = _host_groups(n)
-    draws = keys.grouped_uniforms(groups, [int((epochs[g] * n[g]).max()) for g in groups])
-    shape = (len(n), int(steps.max()), width)
-    idx, w = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.float64)
+    draws = keys.grouped_bits(groups, [int((epochs[g] * n[g]).max()) for g in groups])
+    S = int(steps.max())
+    if len(groups) == 1:  # one group holds every client in order: its plans are the batch's
+        idx, valid = _host_plans_of(n, b, per_epoch, steps, int(epochs.max()), draws[0], S, width)
+        return idx, np.broadcast_to(valid, idx.shape).astype(np.float64)
+    idx, w = np.empty((len(n), S, width), dtype=np.int64), np.empty((len(n), S, width), dtype=np.float64)
     for g, u in zip(groups, draws):
-        idx[g], w[g] = _host_plans_of(n[g], b[g], per_epoch[g], steps[g], int(epochs[g].max()), u, shape[1], width)
+        idx[g], w[g] = _host_plans_of(n[g], b[g], per_epoch[g], steps[g], int(epochs[g].max()), u, S, width)
     return idx, w
 
 
@@ -270,7 +274,8 @@ def _host_groups(n: np.ndarray) -> list[np.ndarray]:
 def _host_plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, E: int, u: np.ndarray,
                    S: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """`_plans_of` in NumPy: the index arithmetic done once per distinct size (a client's plan is its size's
-    positions in its own permutations), the permutations sorted from each client's uniforms `u` [k, m]."""
+    positions in its own permutations), the permutations sorted from each client's draws `u` [k, m] (`grouped_bits`,
+    ordered as the uniforms are); the sample indices and where they are valid."""
     sizes, first, inv = np.unique(n, return_index=True, return_inverse=True)
     k, U, N = len(n), len(sizes), int(sizes[-1])
     n3, b3, p3, s3 = (a[first][:, None, None] for a in (n, b, per_epoch, steps))  # [U, 1, 1]
@@ -284,7 +289,7 @@ def _host_plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: n
         j_ax = np.arange(N)
         draw = np.minimum(np.arange(E)[:, None] * n3 + j_ax, u.shape[1] - 1).reshape(U, -1)
         keyed = np.take_along_axis(u, draw[inv], 1).reshape(k, E, N)
-        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = 2.0
+        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = 1 << 53  # above every draw: padding sorts last
     perm = np.argsort(keyed, axis=2, kind="stable").reshape(k, E * N)
     if U == 1:
         return perm[:, at[0]] * valid[0], valid[0]

@@ -1,5 +1,7 @@
 """Counter-based keyed draws: Philox4x32-10 word for word against the Random123 known-answer vectors, a client's
 draws independent of the clients drawn with it, and uniform within a Monte Carlo tolerance."""
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -62,6 +64,22 @@ def test_groups_drawn_at_once_get_each_groups_own_draws(device):
         alone = uniforms(keys.seed, keys.round, keys.clients[g], "step", n)
         assert got.shape == (len(g), n) and (device is None) == isinstance(got, np.ndarray)
         assert (got if device is None else got.cpu().numpy()).tobytes() == alone.tobytes()
+
+
+def test_the_draws_bits_are_the_top_53_of_each_counters_words_and_the_uniforms_times_2_53():
+    """`grouped_bits` (the batch plans' sort keys): draw 2j and 2j+1 of client c are the top 53 bits of Philox's words
+    (w0, w1) and (w2, w3) at counter (j, c + 1, round + 1, CRC-32 of the purpose), and the uniforms are them / 2^53."""
+    keys = Keys(2**40 + 5, 7, np.array([3, 2**32 - 2, 0]), "step")
+    groups, counts = [np.array([2, 0]), np.array([1])], [5, 2]
+    for g, n, bits in zip(groups, counts, keys.grouped_bits(groups, counts)):
+        assert bits.dtype == np.int64 and bits.shape == (len(g), n)
+        np.testing.assert_array_equal(bits * 2.0**-53, uniforms(keys.seed, keys.round, keys.clients[g], "step", n))
+        for row, c in zip(bits, keys.clients[g]):
+            for j in range(n):
+                counter = (j // 2, int(c) + 1, keys.round + 1, zlib.crc32(b"step"))
+                words = [int(w[0]) for w in philox4x32(tuple(np.array([v]) for v in counter), (5, 2**8))]
+                hi, lo = words[2 * (j % 2)], words[2 * (j % 2) + 1]
+                assert row[j] == ((hi << 32) | lo) >> 11
 
 
 def test_draws_are_uniform():
