@@ -289,12 +289,25 @@ def _host_plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: n
         j_ax = np.arange(N)
         draw = np.minimum(np.arange(E)[:, None] * n3 + j_ax, u.shape[1] - 1).reshape(U, -1)
         keyed = np.take_along_axis(u, draw[inv], 1).reshape(k, E, N)
-        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = 1 << 53  # above every draw: padding sorts last
-    perm = np.argsort(keyed, axis=2, kind="stable").reshape(k, E * N)
+        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = (1 << 53) - 1  # no draw above it, none after it
+    perm = stable_argsort(keyed).reshape(k, E * N)
     if U == 1:
         return perm[:, at[0]] * valid[0], valid[0]
     picked = np.take_along_axis(perm, at.reshape(U, -1)[inv], 1).reshape(k, S, width)
     return picked * valid[inv], valid[inv]
+
+
+UNIQUE_SORT_LENGTHS = (6, 1 << 10)  # rows this long sort fastest with their positions as the keys' low bits
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, axis=-1, kind="stable") of int64 keys in [0, 2^53). Rows of 6 to 1,024 keys take their
+    positions as low bits, which makes every key of a row distinct: then any correct sort gives the stable order, and
+    NumPy's quicksort (SIMD where the CPU has it) is 1.5x (10 keys) to 2.6x (1,000 keys) faster than its stable one."""
+    n = keys.shape[-1]
+    if not UNIQUE_SORT_LENGTHS[0] <= n <= UNIQUE_SORT_LENGTHS[1]:
+        return np.argsort(keys, axis=-1, kind="stable")
+    return np.argsort((keys << (n - 1).bit_length()) | np.arange(n), axis=-1)
 
 
 def _device_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,

@@ -103,3 +103,14 @@ def test_plan_sizes_count_the_samples_and_steps_of_the_drawn_plans(batch_size, l
     samples, steps = local_sgd.plan_sizes(sizes, batch_size, local_steps, local_epochs)
     np.testing.assert_array_equal(samples, plans.w.sum((1, 2)))
     np.testing.assert_array_equal(steps, plans.w.any(2).sum(1))
+
+
+@pytest.mark.parametrize("length", [1, 5, 6, 10, 1024, 1025])
+def test_the_hosts_argsort_is_the_stable_one_with_ties_and_the_largest_keys(length):
+    """`stable_argsort` (positions as the keys' low bits where rows are long enough) gives NumPy's stable order,
+    ties kept in position order, at the lengths on both sides of where it switches and up to keys of 2^53 - 1."""
+    rng = np.random.default_rng(length)
+    top = (1 << 53) - 1
+    for keys in [rng.integers(0, 3, (50, length)), top - rng.integers(0, 2, (50, length)),
+                 rng.integers(0, 1 << 53, (4, 3, length))]:
+        np.testing.assert_array_equal(local_sgd.stable_argsort(keys), np.argsort(keys, axis=-1, kind="stable"))
