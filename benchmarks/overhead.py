@@ -1,6 +1,7 @@
 """Per-client overhead of a round: what raysim spends on a client beyond its arithmetic.
 
-The workload: multinomial logistic regression on `synthetic` (20,000 clients of 10 samples, 20 features), 5 local
+The workload: multinomial logistic regression on `synthetic` (20,000 clients, 200,000 samples of 20 features: 10 a
+client on average, sized by the FedProx generator's lognormal, so 3 to 1,218 training samples, median 4), 5 local
 steps of batch 5, evaluation every 6 rounds, no checkpoints. For 1,000 and 10,000 clients a round it runs the
 experiment on the local backend and on Ray with 2 client actors (`driver_shard: false`) and prints the steady
 round (the mean round after the first), the marginal wall time per client between the two sizes (the target is
