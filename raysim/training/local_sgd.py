@@ -289,7 +289,8 @@ def _host_plans_of(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: n
         j_ax = np.arange(N)
         draw = np.minimum(np.arange(E)[:, None] * n3 + j_ax, u.shape[1] - 1).reshape(U, -1)
         keyed = np.take_along_axis(u, draw[inv], 1).reshape(k, E, N)
-        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = (1 << 53) - 1  # no draw above it, none after it
+        # padding sorts last: no draw exceeds 2^53 - 1, and one equal to it stands before the padding in its row
+        keyed[np.broadcast_to(j_ax >= n3, (U, E, N))[inv]] = (1 << 53) - 1
     perm = stable_argsort(keyed).reshape(k, E * N)
     if U == 1:
         return perm[:, at[0]] * valid[0], valid[0]
