@@ -55,9 +55,10 @@ _TABLES = _Tables()
 
 def _hermite_coefficients(k: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Shape k's interval j, elementwise: the quintic c0 + c1 t + ... + c5 t^5 in t = (w - w_j)/STEP that matches the
-    quantile and its first two derivatives at both ends, nodes j and j + 1."""
-    f0, g0, h0 = _node(k, j)
-    f1, g1, h1 = _node(k, j + 1)
+    quantile and its first two derivatives at both ends, nodes j and j + 1 (a node two intervals share evaluated once)."""
+    per_shape = _INTERVALS + 1
+    nodes, at = np.unique(np.concatenate([k, k]) * per_shape + np.concatenate([j, j + 1]), return_inverse=True)
+    (f0, f1), (g0, g1), (h0, h1) = (v[at].reshape(2, -1) for v in _node(nodes // per_shape, nodes % per_shape))
     rise = f1 - f0
     return np.stack([f0, g0, 0.5 * h0,
                      10.0 * rise - 6.0 * g0 - 4.0 * g1 - 1.5 * h0 + 0.5 * h1,
