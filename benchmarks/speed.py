@@ -351,12 +351,16 @@ def run_reference(system: str, cfg: ExperimentConfig, workdir: Path) -> tuple[to
 
 
 def run_raysim(cfg: ExperimentConfig, workdir: Path) -> tuple[dict, RoundClock, dict, float]:
-    """Run raysim (starting its own local Ray): (final metrics, clock marked after each round, run.json, first round s)."""
+    """Run raysim (starting its own local Ray) into a fresh run directory under `workdir` (raysim never overwrites a
+    run, and `--repeats` measures it again there): (final metrics, clock marked after each round, run.json, first
+    round s)."""
     import raysim
 
     clock = RoundClock()
     t0 = time.perf_counter()
-    result = raysim.run(cfg, out=workdir / "raysim", on_round=clock.mark, progress=False)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="raysim-", dir=workdir)) / "run"
+    result = raysim.run(cfg, out=out, on_round=clock.mark, progress=False)
     last = result.rounds.iloc[-1]
     metrics = {k: float(last[k]) for k in ("test_accuracy", "test_loss", "train_loss")}
     return metrics, clock, result.info, clock.wall[0] - (t0 + result.info["startup_s"])

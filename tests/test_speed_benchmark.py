@@ -67,6 +67,14 @@ def test_raysim_matches_the_references_after_one_round(tmp_path, references):
             assert abs(row[key] - metrics[key]) <= TOL, (system, key, row[key], metrics[key])
 
 
+def test_raysim_is_measured_again_in_the_same_work_directory(tmp_path):
+    """`--repeats` runs raysim again where it ran: each run gets a directory of its own, none is overwritten."""
+    cfg = load_config({**speed.experiment(10, 2), "backend": "local"})
+    first, second = (speed.run_raysim(cfg, tmp_path)[0] for _ in range(2))
+    assert first == second
+    assert len(list(tmp_path.glob("raysim-*/run/run.json"))) == 2
+
+
 def test_with_partial_participation_the_references_train_the_clients_raysim_selects(tmp_path):
     cfg = speed.experiment(10, 2, per_round=4)
     row = raysim.run(cfg, out=tmp_path / "raysim", backend="local").rounds.iloc[-1]
