@@ -20,29 +20,48 @@ _W0, _W1 = 0x9E3779B9, 0xBB67AE85  # the Weyl key increments
 _LOW = 0xFFFFFFFF
 _ROUNDS = 10
 
-Words = tuple[Any, Any, Any, Any]  # four int64 arrays (NumPy or torch) holding uint32 words
+Words = tuple[Any, Any, Any, Any]  # four arrays of 32-bit words: NumPy's uint32, torch's int64
 
 
 def philox4x32(counter: Words, key: tuple[int, int]) -> Words:
     """Philox4x32-10 of the counters `counter` under `key`: the Random123 reference's output word for word.
 
-    The words are int64 arrays, NumPy's or torch's (on any device) alike: a 32x32-bit product wraps in int64 with
-    the same 64 bits as the unsigned product, and masking after the arithmetic shift recovers its high word, so
-    the one function runs on the host or where a GPU shard's tensors live. A product's low word is carried on
-    unmasked (only its low 32 bits reach an output, through an XOR masked after it). Torch's words go two to an
-    array (the multiplied pair, the XORed pair): six launches a round instead of ten, where launches cost a GPU
-    more than the elements; NumPy's stay apart (a fifth faster on the host)."""
+    The words are NumPy arrays or torch tensors (on any device); NumPy's come back as uint32 (`_philox_host`),
+    torch's as int64: a 32x32-bit product wraps in int64 with the same 64 bits as the unsigned product, and masking
+    after the arithmetic shift recovers its high word, so the one formula runs where a GPU shard's tensors live.
+    Torch's words go two to an array (the multiplied pair, the XORed pair): six launches a round instead of ten,
+    where launches cost a GPU more than the elements."""
     on = next((w.device for w in counter if isinstance(w, torch.Tensor)), None)
     if on is not None:
         return _philox_lanes(counter, key, on)
-    c0, c1, c2, c3 = counter
+    return _philox_host(counter, key)
+
+
+def _philox_host(counter: Words, key: tuple[int, int]) -> Words:
+    """`philox4x32` in NumPy over uint32 words (counter words broadcast together). Each round's two products land in
+    uint64 buffers read through uint32 views, so a product's high and low words cost no shift and no mask: six array
+    operations a round instead of ten (1.2-1.4x faster, and fewer calls for threads to take turns at)."""
+    shape = np.broadcast_shapes(*[np.shape(w) for w in counter])
+    c0, c1, c2, c3 = (np.asarray(w).astype(np.uint32) for w in counter)
     k0, k1 = key
+    m0, m1 = np.uint64(_M0), np.uint64(_M1)
+    products = [np.empty(shape, dtype=np.uint64) for _ in range(4)]  # [p0, p1] of one round, then of the next
+    halves = [p.view(np.uint32) for p in products]  # little-endian: a product's low word first
+    high, low = [h[..., 1::2] for h in halves], [h[..., 0::2] for h in halves]
+    x0, x2 = np.empty(shape, dtype=np.uint32), np.empty(shape, dtype=np.uint32)
+    now = 0
     for r in range(_ROUNDS):
         if r:
             k0, k1 = (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
-        p0, p1 = c0 * _M0, c2 * _M1
-        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _LOW, p1, ((p0 >> 32) ^ c3 ^ k1) & _LOW, p0
-    return c0, c1 & _LOW, c2, c3 & _LOW
+            c0, c2, c1, c3 = x0, x2, low[now + 1], low[now]  # the last round's words; its products' low words
+            now = 2 - now
+        np.multiply(c0, m0, out=products[now], dtype=np.uint64)
+        np.multiply(c2, m1, out=products[now + 1], dtype=np.uint64)
+        np.bitwise_xor(high[now + 1], c1, out=x0)
+        x0 ^= np.uint32(k0)
+        np.bitwise_xor(high[now], c3, out=x2)
+        x2 ^= np.uint32(k1)
+    return x0, low[now + 1], x2, low[now]
 
 
 def _philox_lanes(counter: Words, key: tuple[int, int], on: torch.device) -> Words:
@@ -112,8 +131,13 @@ def _draw_bits(seed: int, round: int, groups: list[np.ndarray], purpose: str, co
     counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
     w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
     # a double's 53 bits from two words: the top 53 of their 64 (hi << 21 | lo >> 11), exact in int64 and float64
-    bits = ((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11))
-    return (np.stack(bits, -1) if device is None else torch.stack(bits, -1)).reshape(-1, 2)
+    if device is not None:
+        return torch.stack(((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11)), -1).reshape(-1, 2)
+    bits = np.empty((*w0.shape, 2), dtype=np.int64)
+    for j, (hi, lo) in enumerate(((w0, w1), (w2, w3))):
+        np.left_shift(hi, 21, out=bits[..., j], dtype=np.int64)
+        bits[..., j] |= lo >> 11
+    return bits.reshape(-1, 2)
 
 
 def _split(both: Any, groups: list[np.ndarray], counts: list[int]) -> list[Any]:
