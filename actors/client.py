@@ -3,9 +3,11 @@ share or a fractional GPU (actors/placement.py); under `clock: real` a reply lea
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 
 from raysim.round.shard import ClientShard, ShardResult
@@ -50,7 +52,8 @@ class ClientActor(ClientShard):
         self._loaded()
         super().restore(ckpt, [(t, cs, ray.get(b) if isinstance(b, ray.ObjectRef) else b) for t, cs, b in replay])
 
-    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
+    def train(self, round: int, clients: Sequence[int] | np.ndarray, broadcast: Any, reduce: bool,
+              fail: bool = False) -> ShardResult:
         self._loaded()
         return super().train(round, clients, broadcast, reduce, fail)
 

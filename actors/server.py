@@ -262,7 +262,7 @@ class RoundServer:
     def _dispatch(self, round: int) -> Sent:
         """Plan `round` and send each client actor its shard's clients (under the virtual clock)."""
         rp = self.engine.plan(round)
-        by_actor = shards_of(rp.client_list, self.per_actor) if len(rp.clients) else {}
+        by_actor = shards_of(rp.clients, self.per_actor) if len(rp.clients) else {}
         bref = _carried(rp, len(by_actor.keys() & self.actors.keys()))
         refs = {a: self.actors[a].train.remote(round, cs, bref, rp.reduce, (round, a) in self.faults)
                 for a, cs in by_actor.items() if a in self.actors}
@@ -363,7 +363,7 @@ class RoundServer:
             results: list[ShardResult] = []
             late: set[int] = set()
             if len(rp.clients):
-                by_actor = shards_of(rp.client_list, self.per_actor)
+                by_actor = shards_of(rp.clients, self.per_actor)
                 results, late = self._real(rp, by_actor, _carried(rp, len(rp.clients)))
         else:
             assert self.sent is None or self.sent.rp.round == round, "rounds run in order"

@@ -70,7 +70,7 @@ class Rounds:
         t0 = time.perf_counter()
         rp = self.engine.plan(self.round)
         t1 = time.perf_counter()
-        res = self.shard.train(self.round, rp.client_list, rp.plan.broadcast, rp.reduce)
+        res = self.shard.train(self.round, rp.clients, rp.plan.broadcast, rp.reduce)
         t2 = time.perf_counter()
         out = self.engine.aggregate(rp, [res])
         t3 = time.perf_counter()

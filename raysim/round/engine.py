@@ -66,10 +66,6 @@ class RoundPlan:
     sim_start: float = 0.0  # the simulated time the round starts at
     available: int | None = None  # clients online at its start (system.availability), when some may not be
 
-    @property
-    def client_list(self) -> list[int]:
-        return self.clients.tolist()
-
 
 @dataclass
 class RoundOutcome:

@@ -57,7 +57,7 @@ class LocalServer:
         if self.scheduled is not None:
             return self._run_update(round)
         rp = self.engine.plan(round)
-        results = [self.shard.train(round, rp.client_list, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
+        results = [self.shard.train(round, rp.clients, rp.plan.broadcast, rp.reduce)] if len(rp.clients) else []
         out = self.engine.aggregate(rp, results)
         ids = self.engine.eval_clients(rp.round, rp.clients)
         evals = self.shard.evaluate(ids, self.engine.eval_payload()) if ids is not None else None

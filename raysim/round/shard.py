@@ -226,12 +226,12 @@ class ClientShard:
         for round, clients, broadcast in replay:
             self._steps(round, clients, broadcast)
 
-    def _steps(self, round: int, clients: list[int], broadcast: Any, fail: bool = False,
+    def _steps(self, round: int, clients: Sequence[int] | np.ndarray, broadcast: Any, fail: bool = False,
                finish: Callable[[slice, Steps], Any] | None = None) -> tuple[Steps, np.ndarray, list | None]:
         """The clients' steps for `round` (updating their states) as columns, the CPU seconds of each (this
         process's; a batched step's time is split in proportion to oracle calls) and, for a batched step on the CPU,
         `finish` of each chunk's slice and steps, run in its thread (else None). `fail` kills the process after the
-        first client's step."""
+        first client's step. `clients`: ids as a list or an int64 array (the local backend's plan, not converted)."""
         broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
         ids = np.asarray(clients, dtype=np.int64)  # and on the local backend it is the server's own object
         if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
@@ -243,6 +243,7 @@ class ClientShard:
             out, cpu, finished = self._batch_steps(round, ids, broadcast, finish)
         else:
             t0 = time.process_time()
+            clients = ids.tolist()  # Python ints: the client states' keys and the streams' words
             datas = [self.data[c] for c in clients]
             states = [self.states[c] for c in clients]
             rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
@@ -258,7 +259,7 @@ class ClientShard:
                 cpu = np.array(times)
             out = Steps([o[0] for o in outs], [o[1] for o in outs], Costs.of([o[2] for o in outs]))
         if out.states is not None:
-            for c, s in zip(clients, out.states):
+            for c, s in zip(ids.tolist(), out.states):
                 self.states[c] = s
         return out, cpu, finished
 
@@ -320,7 +321,8 @@ class ClientShard:
         done = self._map(run, len(ids), None if self.device == "cpu" else 1)
         return {"client_id": ids, **{n: np.concatenate([d[n] for d in done]) for n in done[0]}}
 
-    def train(self, round: int, clients: list[int], broadcast: Any, reduce: bool, fail: bool = False) -> ShardResult:
+    def train(self, round: int, clients: Sequence[int] | np.ndarray, broadcast: Any, reduce: bool,
+              fail: bool = False) -> ShardResult:
         """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
@@ -343,7 +345,7 @@ class ClientShard:
             return times, reduce_stacked(ids[s][kept], steps.replies if kept.all() else take_rows(steps.replies, kept),
                                          self._blocks_within(lo, hi), self.pool if whole else None, self.threads)
 
-        out, cpu, finished = self._steps(round, clients, broadcast, fail, finish)
+        out, cpu, finished = self._steps(round, ids, broadcast, fail, finish)
         if finished is not None:
             times = np.concatenate([t for t, _ in finished])
         else:
@@ -359,7 +361,7 @@ class ClientShard:
                 parts = reduce_stacked(ids[kept], out.replies if kept.all() else take_rows(out.replies, kept), self.blocks,
                                        self.pool, self.threads)
             else:
-                parts = reduce_owned({c: r for c, r, k in zip(clients, out.replies, kept) if k}, self.blocks,
+                parts = reduce_owned({c: r for c, r, k in zip(ids.tolist(), out.replies, kept) if k}, self.blocks,
                                      lambda a, b: self.algo.reduce([a, b]))
         else:
             replies = unstack(out.replies, len(ids)) if stacked else out.replies
