@@ -75,8 +75,8 @@ def test_the_round_engine_and_the_local_backend_load_without_ray():
 
 def test_import_raysim_and_its_cli_leave_the_heavy_optional_libraries_unloaded():
     """`import raysim` (and the CLI module behind `raysim --help` and a config error's one line) load none of scipy's
-    special functions (0.16 s), Ray, pandas, matplotlib or gpytorch: each is imported where a run first uses it."""
-    heavy = ("scipy.special", "scipy.stats", "ray", "pandas", "matplotlib", "gpytorch")
+    special functions (0.16 s), Ray, pandas, matplotlib, gpytorch or numba: each is imported where a run first uses it."""
+    heavy = ("scipy.special", "scipy.stats", "ray", "pandas", "matplotlib", "gpytorch", "numba")
     code = f"import sys, raysim, raysim.cli; loaded = [m for m in {heavy!r} if m in sys.modules]; assert not loaded, loaded"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

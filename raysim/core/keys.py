@@ -15,10 +15,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # the round multipliers
-_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # the Weyl key increments
+MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)  # Philox4x32's round multipliers
+WEYL = (0x9E3779B9, 0xBB67AE85)  # its key's increments a round
+ROUNDS = 10
 _LOW = 0xFFFFFFFF
-_ROUNDS = 10
 
 Words = tuple[Any, Any, Any, Any]  # four arrays of 32-bit words: NumPy's uint32, torch's int64
 
@@ -44,15 +44,15 @@ def _philox_host(counter: Words, key: tuple[int, int]) -> Words:
     shape = np.broadcast_shapes(*[np.shape(w) for w in counter])
     c0, c1, c2, c3 = (np.asarray(w).astype(np.uint32, copy=False) for w in counter)
     k0, k1 = key
-    m0, m1 = np.uint64(_M0), np.uint64(_M1)
+    m0, m1 = (np.uint64(m) for m in MULTIPLIERS)
     products = [np.empty(shape, dtype=np.uint64) for _ in range(4)]  # [p0, p1] of one round, then of the next
     halves = [p.view(np.uint32) for p in products]  # little-endian: a product's low word first
     high, low = [h[..., 1::2] for h in halves], [h[..., 0::2] for h in halves]
     x0, x2 = np.empty(shape, dtype=np.uint32), np.empty(shape, dtype=np.uint32)
     now = 0
-    for r in range(_ROUNDS):
+    for r in range(ROUNDS):
         if r:
-            k0, k1 = (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
+            k0, k1 = (k0 + WEYL[0]) & _LOW, (k1 + WEYL[1]) & _LOW
             c0, c2, c1, c3 = x0, x2, low[now + 1], low[now]  # the last round's words; its products' low words
             now = 2 - now
         np.multiply(c0, m0, out=products[now], dtype=np.uint64)
@@ -67,15 +67,15 @@ def _philox_host(counter: Words, key: tuple[int, int]) -> Words:
 def _philox_lanes(counter: Words, key: tuple[int, int], on: torch.device) -> Words:
     """`philox4x32` of torch words with [c0, c2] and [c1, c3] as the two lanes of one tensor each."""
     shape = torch.broadcast_shapes(*[w.shape for w in counter if isinstance(w, torch.Tensor)])
-    steps = np.arange(_ROUNDS, dtype=np.int64)[:, None] * np.array([_W0, _W1], dtype=np.int64)
+    steps = np.arange(ROUNDS, dtype=np.int64)[:, None] * np.array(WEYL, dtype=np.int64)
     # the multipliers, then each round's key, in one transfer
-    host = np.concatenate([[[_M0, _M1]], (np.array(key, dtype=np.int64) + steps) & _LOW]).astype(np.int64)
-    consts = torch.from_numpy(host.reshape(_ROUNDS + 1, 2, *[1] * len(shape))).to(on, non_blocking=True)
+    host = np.concatenate([[MULTIPLIERS], (np.array(key, dtype=np.int64) + steps) & _LOW]).astype(np.int64)
+    consts = torch.from_numpy(host.reshape(ROUNDS + 1, 2, *[1] * len(shape))).to(on, non_blocking=True)
     # a word given as a number is filled in where the tensors live (no transfer, so no wait)
     t = [w.expand(shape) if isinstance(w, torch.Tensor) else torch.full(shape, int(w), dtype=torch.int64, device=on)
          for w in counter]
     a, b = torch.stack([t[0], t[2]]), torch.stack([t[1], t[3]])
-    for r in range(_ROUNDS):
+    for r in range(ROUNDS):
         q = (a * consts[0]).flip(0)  # [p1, p0]: the next round's [c1, c3], unmasked
         a, b = ((q >> 32) ^ b ^ consts[r + 1]) & _LOW, q
     return a[0], b[0] & _LOW, a[1], b[1] & _LOW
@@ -84,6 +84,12 @@ def _philox_lanes(counter: Words, key: tuple[int, int], on: torch.device) -> Wor
 def purpose_word(purpose: str) -> int:
     """The counter word that names a purpose ("step", "qsgd", ...)."""
     return zlib.crc32(purpose.encode("utf-8"))
+
+
+def key_words(seed: int, round: int, purpose: str) -> tuple[int, int, int, int]:
+    """The words a draw's counter and key take from (seed, round, purpose): the counter's round and purpose words,
+    then the key's two, the seed's low and high 32 bits."""
+    return (int(round) + 1) & _LOW, purpose_word(purpose), int(seed) & _LOW, (int(seed) >> 32) & _LOW
 
 
 def uniforms(seed: int, round: int, clients: np.ndarray, purpose: str, n: int, device: Any = None) -> Any:
@@ -129,8 +135,8 @@ def _draw_bits(seed: int, round: int, groups: list[np.ndarray], purpose: str, co
     else:  # several groups' counters laid out flat, group after group
         block = cat([spread(r, c, b) for r, c, b in zip(rows, ids, blocks)])
         client = cat([spread(v, c, b) for v, c, b in zip(columns, ids, blocks)])
-    counter = (block, client, (int(round) + 1) & _LOW, purpose_word(purpose))
-    w0, w1, w2, w3 = philox4x32(counter, (int(seed) & _LOW, (int(seed) >> 32) & _LOW))
+    round_word, purpose_bits, k0, k1 = key_words(seed, round, purpose)
+    w0, w1, w2, w3 = philox4x32((block, client, round_word, purpose_bits), (k0, k1))
     # a double's 53 bits from two words: the top 53 of their 64 (hi << 21 | lo >> 11), exact in int64 and float64
     if device is not None:
         return torch.stack(((w0 << 21) | (w1 >> 11), (w2 << 21) | (w3 >> 11)), -1).reshape(-1, 2)

@@ -1,0 +1,53 @@
+"""The compiled host plans: Philox word for word against Random123's known answers, the stable order with ties,
+and every client's plan the NumPy path's, entry for entry, for steps or epochs, short and long passes."""
+import numpy as np
+import pytest
+
+from raysim.core.keys import Keys
+from raysim.training import batch_plans, local_sgd, plan_kernel
+
+KAT = [  # Random123's kat_vectors: philox4x32 10, counter[4] key[2] -> output[4]
+    ([0, 0, 0, 0], [0, 0], [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]),
+    ([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2, [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]),
+    ([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0],
+     [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]),
+]
+
+
+@pytest.mark.parametrize("counter, key, expected", KAT)
+def test_the_compiled_philox_gives_the_reference_words(counter, key, expected):
+    words = plan_kernel.philox(*(np.uint32(c) for c in counter), *(np.uint32(k) for k in key))
+    assert [int(w) for w in words] == expected
+
+
+@pytest.mark.parametrize("length", [1, 2, 5, plan_kernel.INSERTION_MAX, plan_kernel.INSERTION_MAX + 1, 300])
+def test_the_compiled_order_is_the_stable_argsort_with_ties(length):
+    """On both sides of the switch from insertion to merge sort, with many ties and with keys up to 2^53 - 1, at an
+    offset into the arrays (a pass of a client's draws)."""
+    rng = np.random.default_rng(length)
+    top = (1 << 53) - 1
+    for keys in [rng.integers(0, 3, length), top - rng.integers(0, 2, length), rng.integers(0, 1 << 53, length)]:
+        padded = np.concatenate([rng.integers(0, 9, 4), keys, rng.integers(0, 9, 3)])
+        out = np.full(padded.size, -1, dtype=np.int64)
+        plan_kernel.stable_order(padded, 4, length, out)
+        np.testing.assert_array_equal(out[4:4 + length], np.argsort(keys, kind="stable"))
+        assert (out[:4] == -1).all() and (out[4 + length:] == -1).all()
+
+
+@pytest.mark.parametrize("batch_size, local_steps, local_epochs, width", [
+    (5, 5, None, 5), (None, None, 2, None), (3, None, 3, 8), (32, 7, None, 40), (1, 17, None, 1), (8, None, 1, 8)])
+def test_the_compiled_plans_are_the_numpy_plans(monkeypatch, batch_size, local_steps, local_epochs, width):
+    """A call of COMPILED_MIN clients and more draws compiled; the same call below it draws in NumPy (exact-size
+    groups and size classes): the same plans, entry for entry, for clients of 1 to 1,000 samples (passes sorted by
+    insertion and by merge sort), ids up to 2^33 and a seed beyond 32 bits."""
+    rng = np.random.default_rng(7)
+    sizes = rng.permutation(np.concatenate([rng.integers(1, 90, 300), np.full(local_sgd.HOST_EXACT_MIN, 7),
+                                            [1, 33, 400]]))
+    keys = Keys(2**40 + 11, 4, np.sort(rng.choice(2**33, sizes.size, replace=False)), "step")
+    monkeypatch.setattr(local_sgd, "COMPILED_MIN", sizes.size)
+    compiled = batch_plans(sizes, batch_size, local_steps, local_epochs, keys, width)
+    monkeypatch.setattr(local_sgd, "COMPILED_MIN", sizes.size + 1)
+    numpy = batch_plans(sizes, batch_size, local_steps, local_epochs, keys, width)
+    assert compiled.idx.dtype == numpy.idx.dtype and compiled.w.dtype == numpy.w.dtype
+    np.testing.assert_array_equal(compiled.idx, numpy.idx)
+    np.testing.assert_array_equal(compiled.w, numpy.w)
