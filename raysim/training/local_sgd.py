@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.func import functional_call, grad, vmap
 
 from raysim.contract import Algorithm, ClientBatch, ClientData, Cost, Costs, EvalData, Plan, Steps
+from raysim.core import compiled
 from raysim.core.device import host
 from raysim.core.keys import Keys
 from raysim.core.privacy import calibrated_noise, epsilon_after
@@ -245,10 +246,10 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
 
 def _host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, epochs: np.ndarray,
                 keys: Keys, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """`batch_plans` on the host: compiled from COMPILED_MIN clients a call (`plan_kernel`), else in NumPy, group by
-    group (`_host_groups`), every group's draws from one Philox evaluation (as their 53-bit integers: the uniforms'
-    order without converting them)."""
-    if len(n) >= COMPILED_MIN:
+    """`batch_plans` on the host: compiled from COMPILED_MIN clients a call (`plan_kernel`: 2.7x less CPU and no
+    interpreter lock), else in NumPy, group by group (`_host_groups`), every group's draws from one Philox evaluation
+    (as their 53-bit integers: the uniforms' order without converting them)."""
+    if len(n) >= compiled.COMPILED_MIN:
         from raysim.training.plan_kernel import host_plans  # numba's import and the kernel's load: 0.3-0.5 s, once
         return host_plans(n, b, per_epoch, steps, keys, int(steps.max()), width)
     groups = _host_groups(n)
@@ -263,8 +264,6 @@ def _host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.n
     return idx, w
 
 
-COMPILED_MIN = 2048  # clients a call from which the compiled plans' one-off load (0.3-0.5 s) is worth it: they take
-# 2.3x less CPU than NumPy's (a 5,000-client call of the overhead benchmark: 2.9 ms vs 6.7 ms) and no interpreter lock
 HOST_EXACT_MIN = 256  # clients of one size drawn as a group of their own: no gathers or padding, a few calls more
 
 

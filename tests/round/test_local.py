@@ -89,6 +89,30 @@ def test_a_shard_on_several_threads_gives_the_same_bits_as_on_one_and_on_ray(ray
     assert_same_numbers(one, raysim.run(CHUNKED, out=tmp_path / "ray", cluster__num_actors=2))
 
 
+def test_the_compiled_kernels_give_the_numpy_and_torch_paths_bits(tmp_path, monkeypatch):
+    """From COMPILED_MIN clients a call, a shard draws its batch plans and sums its reduction tree compiled: the
+    tables are bit for bit those of NumPy's plans and torch's tree (clients dropped, a shard on two threads). The
+    tree's sums are checked bit for bit in tests/round/test_reduction.py: a last bit seldom reaches a table."""
+    from raysim.core import compiled
+    from raysim.round import tree_kernel
+    from raysim.training import plan_kernel
+
+    monkeypatch.setattr(shard, "CHUNK_SECONDS", 1e-9)  # every step cut, however light
+    monkeypatch.setattr(compiled, "COMPILED_MIN", 10**9)
+    plain = raysim.run(CHUNKED, out=tmp_path / "plain", backend="local", cluster__num_cpus=2)
+    calls = []
+    for module, name in ((plan_kernel, "host_plans"), (tree_kernel, "block_sums")):
+        def counted(*args, _f=getattr(module, name), _name=name):
+            calls.append(_name)
+            return _f(*args)
+        monkeypatch.setattr(module, name, counted)
+    monkeypatch.setattr(compiled, "COMPILED_MIN", 1)
+    kernels = raysim.run(CHUNKED, out=tmp_path / "kernels", backend="local", cluster__num_cpus=2)
+    assert kernels.info["shard_threads"] == 2 and {"host_plans", "block_sums"} <= set(calls)
+    assert kernels.clients["dropped"].any() and not kernels.clients["dropped"].all()
+    assert_same_numbers(plain, kernels)
+
+
 def test_rows_read_from_disk_each_round_give_the_same_bits_and_a_shard_holds_none(ray_cluster, tmp_path):
     from raysim.config import load_config
     from raysim.data import build_federated

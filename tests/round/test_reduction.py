@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from raysim.core import compiled
 from raysim.round.reduction import (_column_slices, _device_tree_sums, _tree_sums, cover, reduce_owned, reduce_stacked,
                                     root_size, tree_reduce, tree_schedule)
 
@@ -79,12 +80,15 @@ class _Reply:
     weight: float
 
 
+@pytest.mark.parametrize("compiled_min", [pytest.param(0, id="compiled"), pytest.param(10**9, id="tensor-ops")])
 @pytest.mark.parametrize("where", ["numpy", "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"))])
-def test_the_stacked_reduction_gives_the_pairwise_trees_bits(where):
+def test_the_stacked_reduction_gives_the_pairwise_trees_bits(monkeypatch, where, compiled_min):
     """reduce_stacked over replies stacked in any order equals reduce_owned with the fieldwise-sum combine, bit
     for bit, over 200 random federations, shards and surviving clients (float32 totals across 6 decades), whether
-    the totals are arrays or tensors (summed where they live, a GPU's included) and whichever rows are dropped."""
+    the totals are arrays or tensors (summed where they live, a GPU's included), whichever rows are dropped, and
+    whether the host sums them compiled (`tree_kernel`) or by tensor operations a level at a time."""
+    monkeypatch.setattr(compiled, "COMPILED_MIN", compiled_min)
     rng = np.random.default_rng(0)
     combine = lambda a, b: _Reply(np.sum([a.total, b.total], axis=0), a.weight + b.weight)  # noqa: E731
     for trial in range(200):
@@ -124,8 +128,10 @@ def test_the_gpus_sums_into_fresh_rows_give_the_in_place_bits():
         assert fresh.shape[0] == len(nodes) and (kept.size < 2 or pairs or len(nodes) == kept.size), trial
 
 
-def test_a_wide_field_summed_a_column_slice_per_thread_gives_the_same_bits():
+@pytest.mark.parametrize("compiled_min", [pytest.param(0, id="compiled"), pytest.param(10**9, id="tensor-ops")])
+def test_a_wide_field_summed_a_column_slice_per_thread_gives_the_same_bits(monkeypatch, compiled_min):
     """A field of 5,000 columns summed on 4 threads (a slice of columns each) gives the one thread's bits."""
+    monkeypatch.setattr(compiled, "COMPILED_MIN", compiled_min)
     rng = np.random.default_rng(3)
     n = 500
     owned = np.arange(n)

@@ -3,6 +3,7 @@ and every client's plan the NumPy path's, entry for entry, for steps or epochs, 
 import numpy as np
 import pytest
 
+from raysim.core import compiled
 from raysim.core.keys import Keys
 from raysim.training import batch_plans, local_sgd, plan_kernel
 
@@ -44,10 +45,10 @@ def test_the_compiled_plans_are_the_numpy_plans(monkeypatch, batch_size, local_s
     sizes = rng.permutation(np.concatenate([rng.integers(1, 90, 300), np.full(local_sgd.HOST_EXACT_MIN, 7),
                                             [1, 33, 400]]))
     keys = Keys(2**40 + 11, 4, np.sort(rng.choice(2**33, sizes.size, replace=False)), "step")
-    monkeypatch.setattr(local_sgd, "COMPILED_MIN", sizes.size)
-    compiled = batch_plans(sizes, batch_size, local_steps, local_epochs, keys, width)
-    monkeypatch.setattr(local_sgd, "COMPILED_MIN", sizes.size + 1)
+    monkeypatch.setattr(compiled, "COMPILED_MIN", sizes.size)
+    kernel = batch_plans(sizes, batch_size, local_steps, local_epochs, keys, width)
+    monkeypatch.setattr(compiled, "COMPILED_MIN", sizes.size + 1)
     numpy = batch_plans(sizes, batch_size, local_steps, local_epochs, keys, width)
-    assert compiled.idx.dtype == numpy.idx.dtype and compiled.w.dtype == numpy.w.dtype
-    np.testing.assert_array_equal(compiled.idx, numpy.idx)
-    np.testing.assert_array_equal(compiled.w, numpy.w)
+    assert kernel.idx.dtype == numpy.idx.dtype and kernel.w.dtype == numpy.w.dtype
+    np.testing.assert_array_equal(kernel.idx, numpy.idx)
+    np.testing.assert_array_equal(kernel.w, numpy.w)

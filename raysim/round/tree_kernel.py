@@ -1,0 +1,63 @@
+"""The reduction tree's sums compiled (numba): a shard's rows summed block by block in one pass over them, with no
+interpreter lock and no copy of the rows. Walking the leaves in id order with a stack of finished subtrees adds
+exactly the pairs the tree adds (each node's left value + its right value, a node with one side passing that side
+up), so the bits are `reduction.reduce_stacked`'s on every path."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+DEPTH = 66  # a stack's subtrees at most: one per level of a 64-bit id, and the new leaf
+
+
+@numba.njit(nogil=True, cache=True)
+def _block_sums(rows, order, ids, block, out):
+    """out[i] = the tree's value of the i-th block that holds leaves: leaf j is rows[order[j]] with id ids[j]
+    (ascending) in block block[j]. A leaf's gap to the previous one, a ^ b, has the bit length of the level of their
+    lowest common node; before a leaf is pushed, the subtrees above a lower gap merge, the newest pair first (the
+    deepest node), so every node adds its two children's values once, left + right."""
+    d = rows.shape[1]
+    stack = np.empty((DEPTH, d), dtype=rows.dtype)
+    gaps = np.empty(DEPTH, dtype=np.int64)
+    top, at = 0, 0
+    for j in range(ids.size):
+        if j and block[j] != block[j - 1]:  # a block's leaves are done: its stack merges into its value
+            _merge(stack, top, 1)
+            out[at, :] = stack[0, :]
+            top, at = 0, at + 1
+        gap = ids[j - 1] ^ ids[j] if top else 0  # a block's first leaf: no gap below it is read
+        while top >= 2 and _lower(gaps[top - 1], gap):
+            _merge(stack, top, top - 1)
+            top -= 1
+        r = order[j]
+        for c in range(d):
+            stack[top, c] = rows[r, c]
+        gaps[top] = gap
+        top += 1
+    if top:
+        _merge(stack, top, 1)
+        out[at, :] = stack[0, :]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _merge(stack, top, keep):
+    """The stack's newest subtrees merged pairwise, newest pair first (left + right), until `keep` remain."""
+    for t in range(top - 1, keep - 1, -1):
+        for c in range(stack.shape[1]):
+            stack[t - 1, c] += stack[t, c]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _lower(a, b):
+    """Whether a's highest set bit is below b's."""
+    return a < b and a < (a ^ b)
+
+
+def block_sums(rows: np.ndarray, order: np.ndarray | None, ids: np.ndarray, block: np.ndarray, blocks: int) -> np.ndarray:
+    """The tree's value of each block that holds leaves, in id order ([blocks, ...] of a field's rows [k, ...]):
+    `order` puts the rows in the order of the ascending `ids` (None: they are), `block` is each leaf's block."""
+    flat = rows.reshape(len(rows), -1)
+    out = np.empty((blocks, flat.shape[1]), dtype=flat.dtype)
+    ranks = np.arange(len(rows), dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+    _block_sums(flat, ranks, np.asarray(ids, dtype=np.int64), np.asarray(block, dtype=np.int64), out)
+    return out.reshape(blocks, *rows.shape[1:])
