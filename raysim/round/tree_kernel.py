@@ -16,27 +16,24 @@ def _block_sums(rows, order, ids, block, out):
     (ascending) in block block[j]. A leaf's gap to the previous one, a ^ b, has the bit length of the level of their
     lowest common node; before a leaf is pushed, the subtrees above a lower gap merge, the newest pair first (the
     deepest node), so every node adds its two children's values once, left + right."""
-    d = rows.shape[1]
-    stack = np.empty((DEPTH, d), dtype=rows.dtype)
+    stack = np.empty((DEPTH, rows.shape[1]), dtype=rows.dtype)
     gaps = np.empty(DEPTH, dtype=np.int64)
     top, at = 0, 0
     for j in range(ids.size):
         if j and block[j] != block[j - 1]:  # a block's leaves are done: its stack merges into its value
             _merge(stack, top, 1)
-            out[at, :] = stack[0, :]
+            _copy(stack[0], out[at])
             top, at = 0, at + 1
         gap = ids[j - 1] ^ ids[j] if top else 0  # a block's first leaf: no gap below it is read
         while top >= 2 and _lower(gaps[top - 1], gap):
             _merge(stack, top, top - 1)
             top -= 1
-        r = order[j]
-        for c in range(d):
-            stack[top, c] = rows[r, c]
+        _copy(rows[order[j]], stack[top])
         gaps[top] = gap
         top += 1
     if top:
         _merge(stack, top, 1)
-        out[at, :] = stack[0, :]
+        _copy(stack[0], out[at])
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -45,6 +42,13 @@ def _merge(stack, top, keep):
     for t in range(top - 1, keep - 1, -1):
         for c in range(stack.shape[1]):
             stack[t - 1, c] += stack[t, c]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _copy(row, to):
+    """to[:] = row, as a loop (a slice assignment compiles seconds longer)."""
+    for c in range(row.size):
+        to[c] = row[c]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

@@ -21,26 +21,28 @@ def test_the_compiled_philox_gives_the_reference_words(counter, key, expected):
     assert [int(w) for w in words] == expected
 
 
-@pytest.mark.parametrize("length", [1, 2, 5, plan_kernel.INSERTION_MAX, plan_kernel.INSERTION_MAX + 1, 300])
+@pytest.mark.parametrize("length", [1, 2, 5, plan_kernel.INSERTION_MAX, plan_kernel.INSERTION_MAX + 1, 100, 128, 300,
+                                    1000])
 def test_the_compiled_order_is_the_stable_argsort_with_ties(length):
-    """On both sides of the switch from insertion to merge sort, with many ties and with keys up to 2^53 - 1, at an
-    offset into the arrays (a pass of a client's draws)."""
+    """One insertion run, several runs merged an odd or even number of times, with many ties and with keys up to
+    2^53 - 1, at an offset into the arrays (a pass of a client's draws)."""
     rng = np.random.default_rng(length)
     top = (1 << 53) - 1
     for keys in [rng.integers(0, 3, length), top - rng.integers(0, 2, length), rng.integers(0, 1 << 53, length)]:
         padded = np.concatenate([rng.integers(0, 9, 4), keys, rng.integers(0, 9, 3)])
-        out = np.full(padded.size, -1, dtype=np.int64)
-        plan_kernel.stable_order(padded, 4, length, out)
+        out, spare = np.full(padded.size, -1, dtype=np.int64), np.full(padded.size, -1, dtype=np.int64)
+        plan_kernel.stable_order(padded, 4, length, out, spare)
         np.testing.assert_array_equal(out[4:4 + length], np.argsort(keys, kind="stable"))
         assert (out[:4] == -1).all() and (out[4 + length:] == -1).all()
+        assert (spare[:4] == -1).all() and (spare[4 + length:] == -1).all()
 
 
 @pytest.mark.parametrize("batch_size, local_steps, local_epochs, width", [
     (5, 5, None, 5), (None, None, 2, None), (3, None, 3, 8), (32, 7, None, 40), (1, 17, None, 1), (8, None, 1, 8)])
 def test_the_compiled_plans_are_the_numpy_plans(monkeypatch, batch_size, local_steps, local_epochs, width):
     """A call of COMPILED_MIN clients and more draws compiled; the same call below it draws in NumPy (exact-size
-    groups and size classes): the same plans, entry for entry, for clients of 1 to 1,000 samples (passes sorted by
-    insertion and by merge sort), ids up to 2^33 and a seed beyond 32 bits."""
+    groups and size classes): the same plans, entry for entry, for clients of 1 to 400 samples (passes of one
+    insertion run and of runs merged), ids up to 2^33 and a seed beyond 32 bits."""
     rng = np.random.default_rng(7)
     sizes = rng.permutation(np.concatenate([rng.integers(1, 90, 300), np.full(local_sgd.HOST_EXACT_MIN, 7),
                                             [1, 33, 400]]))
