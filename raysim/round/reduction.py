@@ -111,7 +111,8 @@ def _compiled_sums(ids: np.ndarray, fields: dict[str, Any], blocks: list[tuple[i
 
     vals = {}
     for name, v in fields.items():
-        slices = _column_slices(v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v), threads if pool else 1)
+        rows = v.detach().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        slices = _column_slices(rows, threads if pool is not None else 1)
         done = list(pool.map(sums, slices)) if len(slices) > 1 and pool is not None else [sums(slices[0])]
         vals[name] = done[0] if len(done) == 1 else np.concatenate(done, axis=1)
     return vals, starts[first], sizes[first]
