@@ -47,7 +47,7 @@ class ClientActor(ClientShard):
             self.warm_up()
         return {"clients": len(self.data), "node": ray.get_runtime_context().get_node_id()}
 
-    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
+    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, Sequence[int] | np.ndarray, Any]]) -> None:
         """ClientShard.restore with the replayed broadcasts fetched from the object store."""
         self._loaded()
         super().restore(ckpt, [(t, cs, ray.get(b) if isinstance(b, ray.ObjectRef) else b) for t, cs, b in replay])

@@ -110,7 +110,7 @@ class Sent:
     and each actor's call in flight."""
 
     rp: RoundPlan
-    by_actor: dict[int, list[int]]
+    by_actor: dict[int, np.ndarray]
     bref: Any
     refs: dict[int, Any]  # shard -> the ObjectRef of its actor's result
 
@@ -135,7 +135,7 @@ class RoundServer:
         self.run_dir = Path(run_dir) if run_dir else None
         self.ckpt: str | None = None  # the newest complete checkpoint's folder
         self.snapshots: dict[int, Any] | None = None  # or, newer than it, each actor's in-memory snapshot (ObjectRefs)
-        self.replay: list[tuple[int, dict[int, list[int]], Any]] = []  # rounds since: (round, shard -> clients, broadcast ref)
+        self.replay: list[tuple[int, dict[int, np.ndarray], Any]] = []  # rounds since: (round, shard -> clients, broadcast ref)
         self.faults = {(f.round, f.actor) for f in self.cfg.faults}
         self.restarts = 0
         self.fleet = fleet  # client actors launched before the data were built, if any
@@ -281,13 +281,14 @@ class RoundServer:
             results.append(self._settle(shard, ref, again))
         return results
 
-    def _real(self, rp: RoundPlan, by_actor: dict[int, list[int]], bref) -> tuple[list[ShardResult], set[int]]:
+    def _real(self, rp: RoundPlan, by_actor: dict[int, np.ndarray], bref) -> tuple[list[ShardResult], set[int]]:
         """Under `clock: real`, one call per client; the deadline counts from dispatch. A reply is kept
         if it left by the deadline and is among the first `keep` to leave; replies that left in time get
         REPLY_GRACE_S more to arrive, so neither transit nor this process's scheduling decides."""
         clock, strag = self.cfg.system.clock, self.cfg.system.stragglers
         dispatched = time.time()
-        refs = {self.actors[a].train_real.remote(rp.round, c, bref, dispatched): c for a, cs in by_actor.items() for c in cs}
+        refs = {self.actors[a].train_real.remote(rp.round, c, bref, dispatched): c
+                for a, cs in by_actor.items() for c in cs.tolist()}
         cutoff = math.inf if strag.deadline is None else dispatched + strag.deadline * clock.time_scale
         need = rp.keep or len(refs)
         ready, pending = ray.wait(list(refs), num_returns=need,
@@ -303,7 +304,7 @@ class RoundServer:
         """Ask each shard holding some of `clients` for their federated evaluation (before the next round's steps
         reach it, so it sees this round's client states): the refs, each shard's clients, the payload and what
         carries it (itself, or its ref)."""
-        by_actor = {a: np.asarray(cs, dtype=np.int64) for a, cs in shards_of(clients, self.per_actor).items()}
+        by_actor = shards_of(clients, self.per_actor)
         payload = self.engine.eval_payload()
         carried = payload if payload_bytes(payload) * len(by_actor) <= INLINE_BYTES else ray.put(payload)
         refs = {a: self.actors[a].evaluate.remote(cs, carried) for a, cs in by_actor.items() if a in self.actors}
@@ -323,7 +324,7 @@ class RoundServer:
         order = np.argsort(joined["client_id"], kind="stable")
         return {n: v[order] for n, v in joined.items()}
 
-    def _train(self, round: int, clients: list[int], broadcast: Any) -> list[ShardResult]:
+    def _train(self, round: int, clients: list[int] | np.ndarray, broadcast: Any) -> list[ShardResult]:
         """The steps of `clients` (a buffered or async schedule's tasks of one server version, `round` their key) on
         their shards, logged for a restarted actor's replay like a round's."""
         by_actor = shards_of(clients, self.per_actor)

@@ -274,12 +274,12 @@ def client_metric_summary(evals: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def shards_of(clients: list[int] | np.ndarray, per_shard: int) -> dict[int, list[int]]:
+def shards_of(clients: list[int] | np.ndarray, per_shard: int) -> dict[int, np.ndarray]:
     """The round's clients grouped by the shard that hosts them (shard i hosts ids i*per_shard..), each shard's in
-    the round's order."""
+    the round's order, as int64 arrays (a call's argument pickles as one buffer, not a Python int per client)."""
     ids = np.asarray(clients, dtype=np.int64)
     shard = ids // per_shard
     order = np.argsort(shard, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(shard[order]) != 0]) if ids.size else np.zeros(0, dtype=np.int64)
     groups = np.split(ids[order], starts[1:])
-    return {int(shard[order[s]]): g.tolist() for s, g in zip(starts, groups)}
+    return {int(shard[order[s]]): g for s, g in zip(starts, groups)}

@@ -214,7 +214,7 @@ class ClientShard:
         """This shard's client states, pickled: the in-memory checkpoint that keeps a restart's replay short."""
         return checkpoint.dumps(dict(self.states))
 
-    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, list[int], Any]]) -> None:
+    def restore(self, ckpt: str | Path | bytes | None, replay: list[tuple[int, Sequence[int] | np.ndarray, Any]]) -> None:
         """Refill client states after a restart or on resume: from checkpoint folder `ckpt`, or this
         shard's `snapshot()` bytes (None: client_init), then re-run the logged rounds since it
         (round, this shard's clients, broadcast) to reach the present."""

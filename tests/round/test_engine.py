@@ -101,7 +101,9 @@ def test_shards_of_groups_the_round_by_host_in_the_rounds_order():
     expected: dict[int, list[int]] = {}
     for c in ids.tolist():
         expected.setdefault(c // 7, []).append(c)
-    assert shards_of(ids, 7) == expected and shards_of([], 7) == {}
+    got = shards_of(ids, 7)
+    assert {s: g.tolist() for s, g in got.items()} == expected and shards_of([], 7) == {}
+    assert all(g.dtype == np.int64 for g in got.values())
 
 
 def test_eval_test_samples_evaluates_a_fixed_seeded_sample_of_the_test_set(tmp_path):
