@@ -99,11 +99,7 @@ def _compiled_sums(ids: np.ndarray, fields: dict[str, Any], blocks: list[tuple[i
     """`reduce_stacked`'s block values from the compiled tree (`tree_kernel`: one pass over the rows, no copy of
     them, no interpreter lock), with each block's (start, size); a wide field a slice of columns per thread."""
     from raysim.round.tree_kernel import block_sums  # numba's import and the kernel's load: 0.3-0.5 s, once
-    order = None if np.all(ids[1:] >= ids[:-1]) else np.argsort(ids, kind="stable")
-    rep = ids if order is None else ids[order]
-    starts = np.array([s for s, _ in blocks], dtype=np.int64)
-    sizes = np.array([z for _, z in blocks], dtype=np.int64)
-    block = np.searchsorted(starts, rep, side="right") - 1
+    order, rep, starts, sizes, block = _leaves(ids, blocks)
     first = block[np.flatnonzero(np.diff(block, prepend=-1))]  # each block with leaves, in id order
 
     def sums(part: np.ndarray) -> np.ndarray:
@@ -125,12 +121,8 @@ def tree_schedule(ids: np.ndarray, blocks: list[tuple[int, int]]) -> Schedule:
     """The tree over the clients `ids` within their owned `blocks`, planned on the host: the order that sorts the
     ids (None when sorted, as a round's are), each level's pairs (rows a, b: row a takes a + b; rows count the
     leaves in id order), and the rows that end up holding the nodes, with each node's block (start, size)."""
-    order = None if np.all(ids[1:] >= ids[:-1]) else np.argsort(ids, kind="stable")
-    rep = ids if order is None else ids[order]  # a leaf id of each node, left to right
+    order, rep, starts, sizes, block = _leaves(ids, blocks)  # rep: a leaf id of each node, left to right
     row = np.arange(rep.size)  # the row that holds each node's value
-    starts = np.array([s for s, _ in blocks], dtype=np.int64)
-    sizes = np.array([z for _, z in blocks], dtype=np.int64)
-    block = np.searchsorted(starts, rep, side="right") - 1
     limit = sizes[block]  # a node rises no higher than its owned block
     level, pairs = 0, []
     while rep.size > 1 and (2 << level) <= limit.max():
@@ -144,6 +136,17 @@ def tree_schedule(ids: np.ndarray, blocks: list[tuple[int, int]]) -> Schedule:
             rep, block, limit, row = rep[keep], block[keep], limit[keep], row[keep]
         level += 1
     return order, pairs, row, starts[block], sizes[block]
+
+
+def _leaves(ids: np.ndarray, blocks: list[tuple[int, int]]
+            ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The tree's leaves in id order: the order that sorts `ids` (None when sorted, as a round's are), the sorted
+    ids, the owned blocks' starts and sizes, and each leaf's block."""
+    order = None if np.all(ids[1:] >= ids[:-1]) else np.argsort(ids, kind="stable")
+    rep = ids if order is None else ids[order]
+    starts = np.array([s for s, _ in blocks], dtype=np.int64)
+    sizes = np.array([z for _, z in blocks], dtype=np.int64)
+    return order, rep, starts, sizes, np.searchsorted(starts, rep, side="right") - 1
 
 
 def _tree_sums(v: Any, order: np.ndarray | None, pairs: list[tuple[np.ndarray, np.ndarray]], nodes: np.ndarray,
