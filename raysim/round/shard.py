@@ -199,12 +199,21 @@ class ClientShard:
         self.system = SystemModel(self.cfg.system, self.cfg.seed, self.fed.num_clients)
 
     def warm_up(self) -> None:
-        """Run one discarded step: the process's one-time torch warm-up (about 2 s) would otherwise
-        make round 1's clients stragglers of the real clock."""
+        """Run one client's step the way rounds step it (`step_batch` where the algorithm has one, else `step`), and
+        its compute time, and discard both: the process's one-time costs (torch's first kernels, scipy's import for
+        the Erlang quantiles) would otherwise make round 1's clients stragglers of the real clock. Not `step` for a
+        batched algorithm: its torch.func gradient imports torch._dynamo (1.2-1.7 s), which the rounds never load."""
         plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up")) if self.data else None
-        if plan is not None and len(plan.clients) and plan.broadcast is not None:  # a round that trains clients
-            c = next(iter(self.data))
-            self.algo.step(self.states[c], self.data[c], plan.broadcast, stream(self.cfg.seed, 0, c, "warm_up"))
+        if plan is None or not len(plan.clients) or plan.broadcast is None:  # a round that trains no clients
+            return
+        c, broadcast = next(iter(self.data)), copy.deepcopy(plan.broadcast)
+        ids = np.array([c], dtype=np.int64)
+        if self.cfg.algorithm.vectorize and self.batched:
+            states = None if self.stateless else [self.states[c]]
+            costs = self.algo.step_batch(states, self.data.batch(ids), broadcast, Keys(self.cfg.seed, 0, ids, "warm_up")).costs
+        else:
+            costs = Costs.of([self.algo.step(self.states[c], self.data[c], broadcast, stream(self.cfg.seed, 0, c, "warm_up"))[2]])
+        self.system.client_compute_times(0, ids, costs)
 
     def save(self, ckpt: str | Path) -> dict[str, dict[str, Any]]:
         """Write this shard's client states into the checkpoint folder `ckpt`; returns the file's sums."""

@@ -1,5 +1,10 @@
-"""How a shard cuts a batched step over its threads: by clients until a step has been timed, then by CPU time."""
+"""How a shard cuts a batched step over its threads (by clients until a step has been timed, then by CPU time),
+and how it warms up."""
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 
 from raysim.config import load_config
 from raysim.data import build_federated
@@ -25,3 +30,23 @@ def test_a_shard_times_each_step_it_could_cut(tmp_path):
     assert shard.step_cpu is None
     shard.train(1, list(range(0, 1200, 2)), broadcast, reduce=True)
     assert shard.step_cpu is not None and 0 < shard.step_cpu < 1
+
+
+def test_the_warm_up_steps_a_client_as_the_rounds_do(tmp_path, monkeypatch):
+    """A batched algorithm warms up through `step_batch` of one client, the rounds' path, not the per-client `step`."""
+    cfg = load_config(CHUNKED)
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients))
+    batches = []
+    monkeypatch.setattr(shard.algo, "step", lambda *a: pytest.fail("warmed up through the per-client step"))
+    monkeypatch.setattr(shard.algo, "step_batch", lambda *a, f=shard.algo.step_batch: batches.append(a) or f(*a))
+    shard.warm_up()
+    assert len(batches) == 1 and len(batches[0][1]) == 1
+
+
+def test_a_local_run_of_a_stacked_model_never_imports_torch_dynamo(tmp_path):
+    """torch.func's gradient imports torch._dynamo (1.2-1.7 s, a process's start-up doubled); the stacked kernels
+    that train logistic regression and MLPs do not need it, and the warm-up must not pull it in either."""
+    code = (f"import sys, raysim; raysim.run({CHUNKED!r}, out={str(tmp_path / 'run')!r}, backend='local', progress=False);"
+            " assert 'torch._dynamo' not in sys.modules; assert 'scipy.special' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
