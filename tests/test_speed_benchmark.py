@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -73,6 +74,15 @@ def test_raysim_is_measured_again_in_the_same_work_directory(tmp_path):
     first, second = (speed.run_raysim(cfg, tmp_path)[0] for _ in range(2))
     assert first == second
     assert len(list(tmp_path.glob("raysim-*/run/run.json"))) == 2
+
+
+def test_raysims_first_round_counts_from_round_1_begun(tmp_path):
+    """The first round is round 1 alone: the start-up, and the runner's imports at the first `raysim.run` (0.26 s,
+    once counted into round 1), belong to launch-to-round-1. It holds round 1's own wall time and its writing."""
+    cfg = load_config({**speed.experiment(10, 2), "backend": "local"})
+    _, _, info, first = speed.run_raysim(cfg, tmp_path)
+    own = pd.read_parquet(next(tmp_path.glob("raysim-*/run/rounds.parquet")))["round_wall_s"].iloc[0]
+    assert own <= first < info["startup_s"]
 
 
 def test_with_partial_participation_the_references_train_the_clients_raysim_selects(tmp_path):
