@@ -4,13 +4,14 @@ exactly the pairs the tree adds (each node's left value + its right value, a nod
 up), so the bits are `reduction.reduce_stacked`'s on every path."""
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from raysim.core.compiled import jit
 
 DEPTH = 66  # a stack's subtrees at most: one per level of a 64-bit id, and the new leaf
 
 
-@numba.njit(nogil=True, cache=True)
+@jit()
 def _block_sums(rows, order, ids, block, out):
     """out[i] = the tree's value of the i-th block that holds leaves: leaf j is rows[order[j]] with id ids[j]
     (ascending) in block block[j]. A leaf's gap to the previous one, a ^ b, has the bit length of the level of their
@@ -36,7 +37,7 @@ def _block_sums(rows, order, ids, block, out):
         _copy(stack[0], out[at])
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@jit(inline="always")
 def _merge(stack, top, keep):
     """The stack's newest subtrees merged pairwise, newest pair first (left + right), until `keep` remain."""
     for t in range(top - 1, keep - 1, -1):
@@ -44,14 +45,14 @@ def _merge(stack, top, keep):
             stack[t - 1, c] += stack[t, c]
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@jit(inline="always")
 def _copy(row, to):
     """to[:] = row, as a loop (a slice assignment compiles seconds longer)."""
     for c in range(row.size):
         to[c] = row[c]
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@jit(inline="always")
 def _lower(a, b):
     """Whether a's highest set bit is below b's."""
     return a < b and a < (a ^ b)

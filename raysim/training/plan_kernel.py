@@ -4,9 +4,9 @@ their plans at once instead of taking turns at thousands of small NumPy calls. T
 on every path, bit for bit (Salmon et al., SC 2011, for Philox4x32-10)."""
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from raysim.core.compiled import jit
 from raysim.core.keys import MULTIPLIERS, ROUNDS, WEYL, Keys, key_words
 
 _M0, _M1 = np.uint64(MULTIPLIERS[0]), np.uint64(MULTIPLIERS[1])
@@ -15,7 +15,7 @@ _HIGH, _LOW = np.uint64(32), np.uint64(0xFFFFFFFF)
 INSERTION_MAX = 32  # a pass is sorted by insertion in runs of this many samples, the runs then merged
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@jit(inline="always")
 def philox(c0, c1, c2, c3, k0, k1):
     """`keys.philox4x32` of one counter (uint32 words) under the key (k0, k1): its four output words."""
     for _ in range(ROUNDS):
@@ -30,7 +30,7 @@ def philox(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-@numba.njit(nogil=True, cache=True, inline="always")  # inlined into `_fill`: called, it cost a tenth of the plans
+@jit(inline="always")  # inlined into `_fill`: called, it cost a tenth of the plans
 def stable_order(keys, at, n, out, spare):
     """out[at:at + n] = np.argsort(keys[at:at + n], kind="stable") (equal keys in position order), with spare[at:at
     + n] to merge into: by insertion up to INSERTION_MAX keys, else `_merge_sort`."""
@@ -40,7 +40,7 @@ def stable_order(keys, at, n, out, spare):
     _insertion(keys, at, 0, n, out)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@jit(inline="always")
 def _insertion(keys, at, lo, hi, out):
     """out[at + lo:at + hi] = lo..hi-1 in the stable order of their keys: a position moves past larger keys only."""
     for j in range(lo, hi):
@@ -51,7 +51,7 @@ def _insertion(keys, at, lo, hi, out):
         out[at + q + 1] = j
 
 
-@numba.njit(nogil=True, cache=True)
+@jit()
 def _merge_sort(keys, at, n, out, spare):
     """`stable_order` of a long pass: runs of INSERTION_MAX sorted by insertion, then merged pairwise, a left run's
     key taken first when equal. Our own: numba's np.argsort(kind="mergesort") compiles 3 s longer."""
@@ -75,7 +75,7 @@ def _merge_sort(keys, at, n, out, spare):
             out[at + m] = spare[at + m]
 
 
-@numba.njit(nogil=True, cache=True)
+@jit()
 def _fill(clients, n, b, per_epoch, steps, round_word, purpose_word, k0, k1, idx, w):
     """idx, w [k, S, width] of the clients' plans: client i's draw j is the top 53 bits of Philox's words 0-1 (j
     even) or 2-3 (j odd) at counter (j // 2, client + 1, round word, purpose word); pass e's permutation is the
