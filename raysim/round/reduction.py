@@ -85,13 +85,23 @@ def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]],
     ids = np.asarray(ids, dtype=np.int64)
     fields = {f.name: getattr(stacked, f.name) for f in dataclasses.fields(stacked)}
     on_host = not any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in fields.values())
-    if on_host and len(ids) >= compiled.COMPILED_MIN:
+    if on_host and len(ids) >= compiled.COMPILED_MIN and all(map(_compilable, fields.values())):
         vals, starts, sizes = _compiled_sums(ids, fields, blocks, pool, threads)
     else:
         order, pairs, nodes, starts, sizes = tree_schedule(ids, blocks)
         vals = {n: host(_tree_sums(v, order, pairs, nodes, pool, threads)) for n, v in fields.items()}
     return [(int(s), int(z), type(stacked)(**{n: _scalar(v[i]) for n, v in vals.items()})) for i, (s, z) in
             enumerate(zip(starts, sizes))]
+
+
+HALF = (np.float16, torch.float16)  # numba has no half type on the CPU
+
+
+def _compilable(v: Any) -> bool:
+    """Whether the compiled tree sums field `v`: booleans, integers, single, double and complex numbers; a
+    half-precision field (an algorithm's compressed uploads) is summed by tensor operations."""
+    dtype = v.dtype if isinstance(v, (torch.Tensor, np.ndarray)) else np.asarray(v).dtype
+    return dtype not in HALF and (isinstance(dtype, torch.dtype) or dtype.kind in "biufc")
 
 
 def _compiled_sums(ids: np.ndarray, fields: dict[str, Any], blocks: list[tuple[int, int]], pool: Executor | None,

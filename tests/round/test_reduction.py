@@ -109,6 +109,25 @@ def test_the_stacked_reduction_gives_the_pairwise_trees_bits(monkeypatch, where,
             assert isinstance(b.total, np.ndarray), trial  # a shard's parts leave it as host arrays
 
 
+@pytest.mark.parametrize("where", ["numpy", "cpu"])
+def test_half_precision_uploads_of_many_clients_are_summed_as_the_pairwise_tree_sums_them(where):
+    """Numba has no half type on the CPU: a float16 field (an algorithm's compressed uploads) of COMPILED_MIN
+    clients or more is summed by tensor operations, not handed to the compiled tree, whose call failed."""
+    rng = np.random.default_rng(1)
+    n = compiled.COMPILED_MIN + 500
+    kept = np.sort(rng.choice(n, compiled.COMPILED_MIN + 100, replace=False))
+    blocks = cover(range(n), n)
+    total = rng.standard_normal((kept.size, 3)).astype(np.float16)
+    weight = rng.integers(1, 50, kept.size) * 0.1
+    combine = lambda a, b: _Reply(np.sum([a.total, b.total], axis=0), a.weight + b.weight)  # noqa: E731
+    pairwise = reduce_owned({int(c): _Reply(total[i], float(weight[i])) for i, c in enumerate(kept)}, blocks, combine)
+    rows = total if where == "numpy" else torch.from_numpy(total)
+    stacked = reduce_stacked(kept, _Reply(rows, weight), blocks)
+    assert [(s, z) for s, z, _ in stacked] == [(s, z) for s, z, _ in pairwise]
+    for (_, _, a), (_, _, b) in zip(pairwise, stacked):
+        assert b.total.dtype == np.float16 and a.total.tobytes() == b.total.tobytes() and a.weight == b.weight
+
+
 def test_the_gpus_sums_into_fresh_rows_give_the_in_place_bits():
     """A GPU's tree (each level's sums written to fresh rows, no scatter) gives the in-place index_add_ tree's bits:
     checked here on CPU tensors over 200 random federations, shards and unsorted surviving clients, so it holds
