@@ -133,4 +133,4 @@ def fit_lengthscale(X: Tensor, y: Tensor, lengthscale: float, noise: float, step
             loss = -mll(model(*model.train_inputs), model.train_targets)
             loss.backward()
             opt.step()
-    return float(model.covar_module.lengthscale)
+    return float(model.covar_module.lengthscale.detach())
