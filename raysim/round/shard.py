@@ -202,7 +202,8 @@ class ClientShard:
         """Run one client's step the way rounds step it (`step_batch` where the algorithm has one, else `step`), and
         its compute time, and discard both: the process's one-time costs (torch's first kernels, scipy's import for
         the Erlang quantiles) would otherwise make round 1's clients stragglers of the real clock. Not `step` for a
-        batched algorithm: its torch.func gradient imports torch._dynamo (1.2-1.7 s), which the rounds never load."""
+        batched algorithm: local SGD's per-client step takes torch.func's gradient, which imports torch._dynamo
+        (1.2-1.7 s), a module its rounds never load."""
         plan = self.algo.plan(self.algo.init(), 0, stream(self.cfg.seed, 0, SERVER, "warm_up")) if self.data else None
         if plan is None or not len(plan.clients) or plan.broadcast is None:  # a round that trains no clients
             return
