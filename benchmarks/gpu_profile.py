@@ -8,7 +8,8 @@ It prints
   and the ops by host time,
 - the phases of a shard's round, each timed with the device drained (the batch plans, local SGD, the uploads, the
   compute-time quantiles, the reduction tree, the server's parts), and beside them the same batch plans drawn on
-  the host's threads and copied to the device (checked equal to the device's): whether the host should draw them.
+  the host's threads (compiled, in chunks of at least 2,048 clients) and copied to the device (checked equal to the
+  device's): whether the host should draw them.
 
 A round bound by the host's launches shows launches' host time near the round and the device busy for a fraction
 of it; a wait in the middle of a round stops the host's quantiles overlapping the device's steps.
@@ -37,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 from gpu import config
 from raysim import plugins
 from raysim.config import load_config
+from raysim.core import compiled
 from raysim.core.keys import Keys
 from raysim.data import build_federated
 from raysim.round.engine import RoundEngine
@@ -121,15 +123,17 @@ class Rounds:
         return times
 
     def host_plans(self, sizes: np.ndarray, ids: np.ndarray, r: int) -> BatchPlan:
-        """The round's batch plans as the host draws them, a chunk of the clients on each of the shard's threads,
-        then copied to the device: the alternative to drawing them there (the same plans, bit for bit)."""
+        """The round's batch plans as the host draws them, then copied to the device: the alternative to drawing them
+        there (the same plans, bit for bit). A chunk on each of the shard's threads, of at least COMPILED_MIN clients
+        where the round has them, so that each chunk is one compiled call (no interpreter lock) and the chunks run
+        at once; smaller rounds are one NumPy call."""
         p, algo = self.shard.algo.params, self.shard.algo
 
         def chunk(s: slice) -> BatchPlan:
             return batch_plans(sizes[s], p.batch_size, p.local_steps, p.local_epochs,
                                Keys(self.cfg.seed, r, ids[s], "step"), algo.batch_width)
 
-        parts = self.shard._map(chunk, len(ids), self.shard.threads)
+        parts = self.shard._map(chunk, len(ids), max(1, len(ids) // compiled.COMPILED_MIN))
         steps = max(q.idx.shape[1] for q in parts)  # chunks of shorter plans padded with weight 0
         pad = [((0, 0), (0, steps - q.idx.shape[1]), (0, 0)) for q in parts]
         idx = np.concatenate([np.pad(q.idx, w) for q, w in zip(parts, pad)])
