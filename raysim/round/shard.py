@@ -209,9 +209,8 @@ class ClientShard:
             return
         c, broadcast = next(iter(self.data)), copy.deepcopy(plan.broadcast)
         ids = np.array([c], dtype=np.int64)
-        if self.cfg.algorithm.vectorize and self.batched:
-            states = None if self.stateless else [self.states[c]]
-            costs = self.algo.step_batch(states, self.data.batch(ids), broadcast, Keys(self.cfg.seed, 0, ids, "warm_up")).costs
+        if self.cfg.algorithm.vectorize and self.batched:  # the rounds' own batched call (it sets no client state)
+            costs = self._batch_steps(0, ids, broadcast)[0].costs
         else:
             costs = Costs.of([self.algo.step(self.states[c], self.data[c], broadcast, stream(self.cfg.seed, 0, c, "warm_up"))[2]])
         self.system.client_compute_times(0, ids, costs)
