@@ -31,7 +31,8 @@ from raysim.core.keys import Keys
 from raysim.core.rng import torch_stream
 from raysim.models import initial_vector
 from raysim.plugins import register_algorithm
-from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plans, sample_losses
+from raysim.training import (LocalSGD, LossKind, WeightedDelta, batch_plans, in_fixed_calls, sample_losses,
+                             vmap_width)
 
 
 class DPParams(BaseModel):
@@ -177,9 +178,14 @@ class IterativeSketchingFL(LocalSGD):
         """Per-client minibatch mean gradients [k, d]; under DP the mean of per-example gradients clipped to C."""
         if self.params.dp is None:
             return self.batch_grads(theta, x, y, w)
-        per = self.spec.flatten(self._pex(self.spec.unflatten(theta), x, y))  # [k, B, d]
+        per = in_fixed_calls(self._per_example, vmap_width(self.device), theta, x, y)  # [k, B, d]
         per = clip_per_example(per, self.params.dp.clip)
         return (w[..., None] * per).sum(1) / w.sum(1).clamp_min(1.0)[:, None] + self.params.l2 * theta
+
+    def _per_example(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per-example gradients [k, B, d] of one call's clients (a fixed number of them: a client's bits do not
+        depend on which clients share its shard)."""
+        return self.spec.flatten(self._pex(self.spec.unflatten(theta), x, y))
 
     def step_many(self, cstates: list, datas: list[ClientData], broadcast: Broadcast, rngs: list):
         """K local steps of all the shard's clients at once (they share the replica), then R_t of each update."""

@@ -8,7 +8,8 @@ applies θ ← θ + server_lr · Σ w_c Q(Δ_c) / Σ w_c. The loss is cross-entr
 class distributions), the soft-label logistic loss (66) of a scalar output, or squared error, plus
 (l2/2)‖θ‖² per sample. η_k is constant or FedPAQ's decaying 4/(μ((k + T0) b + 1)) (spec §8.8).
 A shard runs its clients at once over stacked parameter vectors (raysim.training.stacked's batched matmuls for
-chains of linear layers, `torch.func.vmap` for other models); `step` is the per-client reference.
+chains of linear layers, raysim.training.vmapped's vmapped forward for other models); `step` is the per-client
+reference, one client through the same kernels.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call
 
 from raysim.contract import Algorithm, ClientBatch, ClientData, Cost, Costs, EvalData, Plan, Steps
 from raysim.core import compiled
@@ -34,6 +35,7 @@ from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
 from raysim.core.sampling import sample_clients
 from raysim.training.stacked import stacked_grad
+from raysim.training.vmapped import VmappedGrad
 
 
 LossKind = Literal["ce", "bce", "mse"]
@@ -51,8 +53,14 @@ def sample_losses(out: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor
         return F.cross_entropy(out, y, reduction="none")
     if kind == "bce":
         return F.binary_cross_entropy_with_logits(out.reshape(y.shape), y, reduction="none")
-    target = y.reshape(out.shape) if y.is_floating_point() else F.one_hot(y, out.shape[-1]).to(out.dtype)
+    target = y.reshape(out.shape) if y.is_floating_point() else one_hot(y, out.shape[-1], out.dtype)
     return 0.5 * ((out - target) ** 2).reshape(len(out), -1).sum(1)
+
+
+def one_hot(y: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Class labels `y` as rows of k zeros and a one, in `dtype`: compared with the classes, not `F.one_hot`, which
+    reads the labels' maximum (a data-dependent `.item()` that vmap refuses)."""
+    return (y.unsqueeze(-1) == torch.arange(k, device=y.device)).to(dtype)
 
 
 def label_cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -471,8 +479,7 @@ class LocalSGD(Algorithm):
         self.module, self.spec, self.dtype, self.device = placed_model(ctx)
         largest = int(np.max(ctx.client_sizes))
         self.batch_width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
-        self._grad = grad(self._loss)
-        self._vgrad = vmap(self._grad)
+        self._vgrad = VmappedGrad(self._loss, self.spec, self.device)
         self._stacked = stacked_grad(self.module, tuple(ctx.feature_shape), self.spec, self.params.loss,
                                      lambda out, y: sample_losses(out, y, self.params.loss), self.params.l2)
 
@@ -484,10 +491,12 @@ class LocalSGD(Algorithm):
     def batch_grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         """Every client's minibatch gradient of `_loss` at rows θ [k, d] at once (into `out` when given): stacked
-        matmuls where the model is a chain of linear layers (raysim.training.stacked: the same bits), else vmap."""
+        matmuls where the model is a chain of linear layers (raysim.training.stacked: the same bits), else a vmapped
+        forward in calls of a fixed number of clients (raysim.training.vmapped). Either way a client's gradient is the
+        same whichever clients share the call."""
         if self._stacked is not None:
             return self._stacked(theta, x, y, w, out)
-        return self.spec.flatten(self._vgrad(self.spec.unflatten(theta), x, y, w), out)
+        return self._vgrad(theta, x, y, w, out)
 
     def objective(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """F(θ) = mean per-sample loss + (l2/2)‖θ‖² on (x, y), in θ's dtype (differentiable)."""
@@ -561,7 +570,8 @@ class LocalSGD(Algorithm):
         return replace(reply, total=total * weight)
 
     def step(self, cstate: Any, data: ClientData, broadcast: Any, rng: np.random.Generator) -> tuple[Any, Any, Cost]:
-        """The per-client reference: local SGD on one client, one step at a time (the plan `step_batch` gives it)."""
+        """The per-client reference: local SGD on one client, one step at a time, through `batch_grads` (the plan
+        and the bits `step_batch` gives it)."""
         theta_g, lr = self._unpack(broadcast)
         theta = theta_g.clone()[None]
         keys = Keys.of([rng])
@@ -571,8 +581,8 @@ class LocalSGD(Algorithm):
         opt, one = self.params.local_optimizer.start(theta), torch.ones((1, 1), dtype=self.dtype, device=self.device)
         correction = self.correction([cstate], broadcast)
         for s in range(bp.idx.shape[1]):
-            g = self.spec.flatten(self._grad(self.spec.unflatten(theta[0]), data.x[idx[s]], data.y[idx[s]], w[s]))
-            g = (g + self.mu * (theta[0] - theta_g))[None]
+            g = self.batch_grads(theta, data.x[idx[s]][None], data.y[idx[s]][None], w[s][None])
+            g = g + self.mu * (theta - theta_g)
             opt.step(theta, g if correction is None else g + correction, lr, one)
         reply, costs = self._uploads(theta - theta_g, sizes, keys, getattr(broadcast, "clip", None))
         return type(reply)(**{f.name: _one(getattr(reply, f.name)) for f in fields(reply)}), None, costs.cost(0)

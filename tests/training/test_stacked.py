@@ -12,6 +12,11 @@ from raysim.training import LocalSGD, LocalSGDParams, sample_losses
 from raysim.training.stacked import chain_of, stacked_grad
 
 
+def vmap_grad(algo: LocalSGD, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """torch.func's vmap(grad(loss)) of the algorithm's loss at rows θ [k, d]: the kernels the stacked path issues."""
+    return algo.spec.flatten(torch.func.vmap(torch.func.grad(algo._loss))(algo.spec.unflatten(theta), x, y, w))
+
+
 def algorithm(model: ModelConfig, feature_shape: tuple, num_classes: int, **params) -> LocalSGD:
     ctx = Context(seed=0, rounds=2, clients_per_round=3, num_clients=3, client_sizes=np.full(3, 12),
                   feature_shape=feature_shape, image_shape=None, num_classes=num_classes, model=model,
@@ -59,7 +64,7 @@ def test_stacked_gradient_is_vmaps_bit_for_bit(model, shape, classes, loss, kind
         w[0, 0] = 1.0
         if k > 2:
             w[2] = 0.0  # a client past its last step (a padded one)
-        vmapped = algo.spec.flatten(algo._vgrad(algo.spec.unflatten(theta), x, y, w))
+        vmapped = vmap_grad(algo, theta, x, y, w)
         assert torch.equal(algo.batch_grads(theta, x, y, w), vmapped), (k, b)
 
 
@@ -75,7 +80,7 @@ def test_other_elementwise_activations_take_the_stacked_path_with_vmaps_numbers(
     g = torch.Generator().manual_seed(1)
     theta = torch.randn(5, algo.spec.size, generator=g)
     x, y, w = torch.randn(5, 9, 64, generator=g), torch.randint(0, 10, (5, 9), generator=g), torch.ones(5, 9)
-    assert torch.equal(algo.batch_grads(theta, x, y, w), algo.spec.flatten(algo._vgrad(algo.spec.unflatten(theta), x, y, w)))
+    assert torch.equal(algo.batch_grads(theta, x, y, w), vmap_grad(algo, theta, x, y, w))
 
 
 def test_local_training_is_the_same_with_and_without_the_stacked_path():

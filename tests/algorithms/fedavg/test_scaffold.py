@@ -69,7 +69,8 @@ def test_corrected_local_steps_and_the_next_control(data):
     y = x.clone()
     for s in range(STEPS):
         idx = torch.as_tensor(bp.idx[s])
-        g = sc.spec.flatten(sc._grad(sc.spec.unflatten(y), data[1].x[idx], data[1].y[idx], torch.as_tensor(bp.w[s])))
+        w = torch.as_tensor(bp.w[s])
+        g = sc.spec.flatten(torch.func.grad(sc._loss)(sc.spec.unflatten(y), data[1].x[idx], data[1].y[idx], w))
         y = y - LR * (g - torch.as_tensor(ci) + torch.as_tensor(c))
     np.testing.assert_allclose(reply.total / reply.weight, (y - x).numpy(), rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(new_ci, ci - c + (x - y).numpy() / (STEPS * LR), rtol=1e-9, atol=1e-12)

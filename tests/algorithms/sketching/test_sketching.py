@@ -138,6 +138,22 @@ def test_dp_noise_matches_calibration_and_is_fresh(datas):
     assert abs(corr) < 0.02
 
 
+def test_dp_per_example_gradients_of_a_client_do_not_depend_on_who_shares_its_shard():
+    """A CNN's per-example gradients are vmapped convolutions, whose kernels change with the number of clients in a
+    call (before, a client's differed alone, with one other and with three): in calls of a fixed width they do not."""
+    ctx = Context(seed=3, rounds=5, clients_per_round=6, num_clients=6, client_sizes=np.full(6, 8), feature_shape=(192,),
+                  image_shape=(3, 8, 8), num_classes=10, model=ModelConfig(name="cnn", channels=[32]),
+                  params=SketchingParams(sketch="none", batch_size=4, local_steps=1,
+                                         dp={"epsilon": 0.5, "delta": 1e-5, "clip": 1.0}))
+    algo = IterativeSketchingFL(ctx)
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(6, algo.spec.size, generator=g) * 0.2
+    x, y, w = torch.randn(6, 4, 192, generator=g), torch.randint(0, 10, (6, 4), generator=g), torch.ones(6, 4)
+    every = algo._grads(theta, x, y, w)
+    for k in (1, 2, 3, 5):
+        assert torch.equal(algo._grads(theta[:k], x[:k], y[:k], w[:k]), every[:k]), k
+
+
 @pytest.mark.parametrize("batch_size,batches", [
     (4, [[4, 4, 2], [3, 3, 3], [4, 4, 4]]),  # n = 10: a pass's last batch has 2; n = 3 < B
     (None, [[10] * 3, [3] * 3, [8] * 3]),  # full batch: each client's own size, not the largest
