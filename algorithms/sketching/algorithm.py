@@ -31,8 +31,7 @@ from raysim.core.keys import Keys
 from raysim.core.rng import torch_stream
 from raysim.models import initial_vector
 from raysim.plugins import register_algorithm
-from raysim.training import (LocalSGD, LossKind, WeightedDelta, batch_plans, in_fixed_calls, sample_losses,
-                             vmap_width)
+from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plans, in_fixed_calls, sample_losses
 
 
 class DPParams(BaseModel):
@@ -178,7 +177,7 @@ class IterativeSketchingFL(LocalSGD):
         """Per-client minibatch mean gradients [k, d]; under DP the mean of per-example gradients clipped to C."""
         if self.params.dp is None:
             return self.batch_grads(theta, x, y, w)
-        per = in_fixed_calls(self._per_example, vmap_width(self.device), theta, x, y)  # [k, B, d]
+        per = in_fixed_calls(self._per_example, self._vgrad.width, theta, x, y)  # [k, B, d]
         per = clip_per_example(per, self.params.dp.clip)
         return (w[..., None] * per).sum(1) / w.sum(1).clamp_min(1.0)[:, None] + self.params.l2 * theta
 

@@ -5,8 +5,8 @@ calls of a fixed number of clients (`vmapped`); the server's default client samp
 from raysim.training.local_sgd import (BatchPlan, Broadcast, LocalSGD, LocalSGDParams, LossKind, ServerState,
                                        WeightedDelta, batch_plan, batch_plans, class_metrics, qsgd, qsgd_bytes,
                                        qsgd_rows, sample_losses, squared_norm)
-from raysim.training.vmapped import in_fixed_calls, vmap_width
+from raysim.training.vmapped import in_fixed_calls
 
 __all__ = ["BatchPlan", "Broadcast", "LocalSGD", "LocalSGDParams", "LossKind", "ServerState", "WeightedDelta",
            "batch_plan", "batch_plans", "class_metrics", "qsgd", "qsgd_bytes", "qsgd_rows",
-           "in_fixed_calls", "sample_losses", "squared_norm", "vmap_width"]
+           "in_fixed_calls", "sample_losses", "squared_norm"]

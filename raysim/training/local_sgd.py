@@ -479,7 +479,8 @@ class LocalSGD(Algorithm):
         self.module, self.spec, self.dtype, self.device = placed_model(ctx)
         largest = int(np.max(ctx.client_sizes))
         self.batch_width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
-        self._vgrad = VmappedGrad(self._loss, self.spec, self.device)
+        self._vgrad = VmappedGrad(self._loss, self.module, self.spec, tuple(ctx.feature_shape), self.dtype, self.device,
+                                  self.batch_width, ctx.clients_per_round)
         self._stacked = stacked_grad(self.module, tuple(ctx.feature_shape), self.spec, self.params.loss,
                                      lambda out, y: sample_losses(out, y, self.params.loss), self.params.l2)
 

@@ -2,26 +2,67 @@
 a forward pass vmapped over the clients' stacked parameters and one backward pass (`torch.autograd.grad`: the bits
 `vmap(grad(loss))` gives, without torch.func's gradient transform, whose first call imports torch._dynamo, 1.2 s).
 
-The clients go through in calls of a fixed number of them (`vmap_width`), the last call padded. A vmapped
-convolution is a grouped one, one group a client, and its kernels, so its bits, change with the number of groups:
-at a fixed width a client's gradient is the same whichever clients share its shard, and however many.
+The clients go through in calls of a fixed number of them (`vmap_width`), the last call padded; at width 1 (a model
+of 7 million multiply-adds a client-step or more) one at a time, not vmapped. A vmapped convolution is a grouped
+one, one group a client, and its kernels, so its bits, change with the number of groups: at a fixed width a client's
+gradient is the same whichever clients share its shard, and however many.
 """
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch.func import vmap
 
 from raysim.models import ParamSpec
 
-CPU_WIDTH = 16  # clients a call on a CPU: LeNet-sized clients run as fast as at any width, 8x8-digit CNNs 1.1x the best
+CPU_CALL_MACS = 10_000_000  # a CPU call's forward multiply-adds: about what its vmap and autograd bookkeeping costs
+CPU_MAX_WIDTH = 64  # a tiny model's calls: past this the bookkeeping saved is a few percent
 DEVICE_WIDTH = 256  # clients a call on an accelerator, where a call's launches, not its arithmetic, set the pace
 
 
-def vmap_width(device: torch.device) -> int:
-    """The clients every vmapped call takes on `device`."""
-    return CPU_WIDTH if device.type == "cpu" else DEVICE_WIDTH
+def sample_macs(module: nn.Module, feature_shape: tuple, dtype: torch.dtype) -> int:
+    """Multiply-adds of one sample's forward pass: a convolution's or linear layer's outputs times the inputs each
+    sums, any other leaf module's outputs (one forward in eval mode: a function of the architecture only)."""
+    total = 0
+
+    def count(mod: nn.Module, _: tuple, out: object) -> None:
+        nonlocal total
+        if not isinstance(out, torch.Tensor):
+            return
+        if isinstance(mod, nn.modules.conv._ConvNd):
+            total += out.numel() * mod.in_channels // mod.groups * math.prod(mod.kernel_size)
+        elif isinstance(mod, nn.Linear):
+            total += out.numel() * mod.in_features
+        elif not any(True for _ in mod.children()):
+            total += out.numel()
+
+    device = next(module.parameters()).device
+    handles = [m.register_forward_hook(count) for m in module.modules()]
+    training = module.training
+    try:
+        module.eval()
+        with torch.no_grad():
+            module(torch.zeros((1, *feature_shape), dtype=dtype, device=device))
+    finally:
+        module.train(training)
+        for h in handles:
+            h.remove()
+    return total
+
+
+def vmap_width(device: torch.device, client_macs: int, clients_per_round: int) -> int:
+    """The clients every vmapped call takes: on a CPU about as many as make CPU_CALL_MACS (a power of two, 1 to
+    CPU_MAX_WIDTH), so that a lone client's padding and a large shard's calls each cost at most about twice the one
+    call an unpadded shard makes; DEVICE_WIDTH on an accelerator; never more than a round's clients."""
+    if device.type == "cpu":
+        width = min(CPU_MAX_WIDTH, 2 ** round(math.log2(max(CPU_CALL_MACS / max(client_macs, 1), 1.0))))
+    else:
+        width = DEVICE_WIDTH
+    return max(1, min(width, clients_per_round))
 
 
 def in_fixed_calls(fn: Callable[..., torch.Tensor], width: int, *tensors: torch.Tensor) -> torch.Tensor:
@@ -39,12 +80,22 @@ def in_fixed_calls(fn: Callable[..., torch.Tensor], width: int, *tensors: torch.
 
 
 class VmappedGrad:
-    """∇ of `loss(params, x, y, w)` (one client's named parameters and minibatch) for every client of stacked rows
-    θ [k, d] at once, as rows [k, d], in `vmap_width(device)` clients a call."""
+    """∇ of `loss(params, x, y, w)` (one client's named parameters and minibatch of `batch_width` rows) for every
+    client of stacked rows θ [k, d] at once, as rows [k, d], `width` clients a call (`vmap_width` of the module's
+    multiply-adds a client-call)."""
 
-    def __init__(self, loss: Callable[..., torch.Tensor], spec: ParamSpec, device: torch.device):
-        self.loss, self.spec, self.width = loss, spec, vmap_width(device)
+    def __init__(self, loss: Callable[..., torch.Tensor], module: nn.Module, spec: ParamSpec, feature_shape: tuple,
+                 dtype: torch.dtype, device: torch.device, batch_width: int, clients_per_round: int):
+        self.loss, self.module, self.spec = loss, module, spec
+        self._shape, self._dtype, self._device = tuple(feature_shape), dtype, device
+        self._batch, self._round = batch_width, clients_per_round
         self._losses = vmap(loss)
+
+    @functools.cached_property
+    def width(self) -> int:
+        """The clients a call (counted on first use: stacked models never need it)."""
+        macs = sample_macs(self.module, self._shape, self._dtype) if self._device.type == "cpu" else 0
+        return vmap_width(self._device, macs * self._batch, self._round)
 
     def _call(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """One call's gradients: the parameters leaves of their own, so the backward writes each one's gradient
@@ -54,8 +105,20 @@ class VmappedGrad:
             grads = torch.autograd.grad(self._losses(params, x, y, w).sum(), list(params.values()))
         return self.spec.flatten(dict(zip(params, grads)))
 
+    def _one(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """One client's gradient [d], not vmapped: at width 1 a vmapped call's bookkeeping would be a fifth of it."""
+        with torch.enable_grad():
+            params = {n: p.detach().requires_grad_() for n, p in self.spec.unflatten(theta).items()}
+            grads = torch.autograd.grad(self.loss(params, x, y, w), list(params.values()))
+        return self.spec.flatten(dict(zip(params, grads)))
+
     def __call__(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """The clients' gradients [k, d], written into `out` when given."""
+        if self.width == 1:
+            out = torch.empty_like(theta) if out is None else out
+            for i in range(len(theta)):
+                out[i] = self._one(theta[i], x[i], y[i], w[i])
+            return out
         g = in_fixed_calls(self._call, self.width, theta, x, y, w)
         return g if out is None else out.copy_(g)

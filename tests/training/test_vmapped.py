@@ -10,13 +10,13 @@ import torch
 from raysim.contract import Context
 from raysim.models import ModelConfig
 from raysim.training import LocalSGD, LocalSGDParams, sample_losses
-from raysim.training.vmapped import CPU_WIDTH, in_fixed_calls, vmap_width
+from raysim.training.vmapped import CPU_MAX_WIDTH, in_fixed_calls, sample_macs, vmap_width
 
 IMAGE = (3, 8, 8)  # three input channels: vmap's grouped convolution changes its kernels with the number of clients
 
 
 def algorithm(**params) -> LocalSGD:
-    ctx = Context(seed=0, rounds=2, clients_per_round=3, num_clients=3, client_sizes=np.full(3, 12),
+    ctx = Context(seed=0, rounds=2, clients_per_round=100, num_clients=100, client_sizes=np.full(100, 12),
                   feature_shape=(192,), image_shape=IMAGE, num_classes=10,
                   model=ModelConfig(name="cnn", channels=[32]), params=LocalSGDParams(**params))
     return LocalSGD(ctx)
@@ -37,8 +37,8 @@ def vmap_grad(algo: LocalSGD, theta, x, y, w) -> torch.Tensor:
 
 def test_a_call_of_the_fixed_width_is_vmap_grads_bit_for_bit():
     algo = algorithm(l2=0.01)
-    assert algo._stacked is None and vmap_width(torch.device("cpu")) == CPU_WIDTH
-    theta, x, y, w = batch(algo, CPU_WIDTH)
+    assert algo._stacked is None and algo._vgrad.width == 16  # 63,680 multiply-adds a sample, 10 samples a client
+    theta, x, y, w = batch(algo, 16)
     assert torch.equal(algo.batch_grads(theta, x, y, w), vmap_grad(algo, theta, x, y, w))
 
 
@@ -55,6 +55,38 @@ def test_a_clients_gradient_does_not_depend_on_who_shares_its_call():
     order = torch.randperm(40, generator=torch.Generator().manual_seed(1))
     moved = algo.batch_grads(theta[order], x[order], y[order], w[order])
     assert torch.equal(moved[int((order == 0).nonzero())], alone)
+
+
+def test_a_samples_multiply_adds_are_counted_layer_by_layer():
+    """The 8x8-digit CNN with channels (8, 8): conv 64·8 outputs of 9 inputs, ReLU, pool to 16·8, conv 16·8 of 72,
+    ReLU, pool to 4·8, flatten, linear 10 of 32, and the unflatten's 64."""
+    from raysim.models import build_model
+    module = build_model(ModelConfig(name="cnn", channels=[8, 8]), (64,), (1, 8, 8), 10)
+    assert sample_macs(module, (64,), torch.float32) == 4608 + 512 + 128 + 9216 + 128 + 32 + 32 + 320 + 64
+    assert module.training  # counted in eval mode, and left as it was
+
+
+@pytest.mark.parametrize("client_macs, per_round, width", [
+    (10_000_000, 1000, 1), (14_000_000, 1000, 1), (700_000, 1000, 16), (1_000, 1000, CPU_MAX_WIDTH), (1_000, 10, 10),
+    (50_000_000, 1000, 1)])
+def test_a_cpu_call_holds_about_its_bookkeepings_worth_of_arithmetic(client_macs, per_round, width):
+    assert vmap_width(torch.device("cpu"), client_macs, per_round) == width
+
+
+def test_a_heavy_model_steps_its_clients_one_at_a_time_unvmapped():
+    """14 million multiply-adds a client-step: width 1, each client its own torch.func.grad, bit for bit."""
+    ctx = Context(seed=0, rounds=2, clients_per_round=100, num_clients=100, client_sizes=np.full(100, 12),
+                  feature_shape=(768,), image_shape=(3, 16, 16), num_classes=10,
+                  model=ModelConfig(name="cnn", channels=[32, 64]), params=LocalSGDParams())
+    algo = LocalSGD(ctx)
+    assert algo._vgrad.width == 1
+    g = torch.Generator().manual_seed(3)
+    theta, x = torch.randn(3, algo.spec.size, generator=g) * 0.1, torch.randn(3, 10, 768, generator=g)
+    y, w = torch.randint(0, 10, (3, 10), generator=g), torch.ones(3, 10)
+    grads = algo.batch_grads(theta, x, y, w)
+    for i in range(3):
+        one = torch.func.grad(algo._loss)(algo.spec.unflatten(theta[i]), x[i], y[i], w[i])
+        assert torch.equal(grads[i], algo.spec.flatten(one)), i
 
 
 def test_fixed_calls_pad_the_last_call_and_drop_its_padding():
