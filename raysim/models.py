@@ -15,6 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from raysim.errors import ConfigError
 from raysim.plugins import MODELS
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -76,7 +77,7 @@ def _cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_
     while the map is at least 2 wide, then a linear head on the flattened map. The pooled map keeps where features
     are, which a global average throws away: on the quickstart (8x8 digits) it reaches about 0.92 test accuracy."""
     if image_shape is None:
-        raise ValueError("model.name: 'cnn' needs a data source with an image shape (digits, mnist1d, an image "
+        raise ConfigError("model.name: 'cnn' needs a data source with an image shape (digits, mnist1d, an image "
                          "or array column, or data.feature_shape)")
     conv, pool = (nn.Conv2d, nn.MaxPool2d) if len(image_shape) == 3 else (nn.Conv1d, nn.MaxPool1d)
     layers: list[nn.Module] = [nn.Unflatten(1, tuple(image_shape))]

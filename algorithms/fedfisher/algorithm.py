@@ -24,6 +24,7 @@ from raysim.algorithms.fedfisher.fisher.compress import CompressionKind, Compres
 from raysim.contract import ClientData, Cost
 from raysim.algorithms.fedfisher.merge.average import weighted_average
 from raysim.algorithms.fedfisher.merge.fedfisher import DiagObjective, KFACObjective, OptimizerKind, ServerOptimizer, solve
+from raysim.errors import ConfigError
 from raysim.plugins import register_algorithm
 
 
@@ -55,7 +56,7 @@ class FedFisher(OneShot):
         try:  # a convolution the Fisher does not cover fails here, before any client trains
             fisher_partition(self.module)
         except ValueError as e:
-            raise ValueError(f"model.name: {e}") from None
+            raise ConfigError(f"model.name: {e}") from None
         p = self.params
         self.compression = Compression(p.compression, p.s_q, p.s_v)
 

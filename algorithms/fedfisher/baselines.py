@@ -30,6 +30,7 @@ from raysim.algorithms.fedfisher.merge.regmean import input_grams, linear_layers
 from raysim.algorithms.fedfisher.otfusion import flag_grid
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.core.rng import SERVER, SETUP, stream
+from raysim.errors import ConfigError
 from raysim.models import ParamSpec, initial_vector, placed_model
 from raysim.plugins import register_algorithm
 from raysim.training import ServerState, batch_plan
@@ -66,7 +67,7 @@ class OneShot(Algorithm):
         super().__init__(ctx)
         self.module, self.spec, self.dtype, self.device = placed_model(ctx)
         if ctx.clients_per_round != ctx.num_clients:
-            raise ValueError(f"algorithm.clients_per_round: one-shot methods take every client each round; "
+            raise ConfigError(f"algorithm.clients_per_round: one-shot methods take every client each round; "
                              f"set it to data.num_clients={ctx.num_clients} (got {ctx.clients_per_round})")
 
     def init(self) -> ServerState:
@@ -275,7 +276,7 @@ class PFNM(OneShot):
     def __init__(self, ctx):
         super().__init__(ctx)
         if ctx.rounds != 1:
-            raise ValueError(f"algorithm.rounds: PFNM is one-shot only (its merged model has another architecture "
+            raise ConfigError(f"algorithm.rounds: PFNM is one-shot only (its merged model has another architecture "
                              f"and the spec does not use it for few-shot, §6.2); set rounds: 1 (got {ctx.rounds})")
 
     def init(self) -> PFNMState:

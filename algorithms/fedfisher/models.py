@@ -9,18 +9,19 @@ import math
 
 from torch import nn
 
+from raysim.errors import ConfigError
 from raysim.models import ModelConfig, register_model
 
 
 def _conv_stack(image_shape: tuple | None, channels: tuple[int, int], hidden: tuple[int, int], num_classes: int) -> nn.Sequential:
     """Two bias-free conv(k5)+ReLU+MaxPool2 blocks and three bias-free linear layers."""
     if image_shape is None or len(image_shape) != 3:
-        raise ValueError(f"model.name: needs a data source with a (channels, height, width) image shape, got {image_shape}")
+        raise ConfigError(f"model.name: needs a data source with a (channels, height, width) image shape, got {image_shape}")
     c, h, w = image_shape
     side = [(s - 4) // 2 for s in (h, w)]
     side = [(s - 4) // 2 for s in side]
     if min(side) < 1:
-        raise ValueError(f"model.name: images of {h}x{w} are too small for two 5x5 conv + pool blocks (need >= 16x16)")
+        raise ConfigError(f"model.name: images of {h}x{w} are too small for two 5x5 conv + pool blocks (need >= 16x16)")
     flat = channels[1] * math.prod(side)
     return nn.Sequential(
         nn.Unflatten(1, tuple(image_shape)),

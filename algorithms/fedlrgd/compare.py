@@ -22,6 +22,7 @@ import torch
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.data import build_federated, read_table_arrays
+from raysim.errors import ConfigError
 from raysim.models import ParamSpec
 from raysim.round.experiment import make_algorithm
 from raysim.storage.atomic import atomic_write_bytes, write_text
@@ -70,7 +71,7 @@ def optimum(cfg: ExperimentConfig, work_dir: Path) -> tuple[float, int]:
                          "compare needs F(θ) on the whole pooled training set (raise eval.train_samples)")
     algo = make_algorithm(cfg, fed)
     if not isinstance(algo, HasObjective):
-        raise ValueError(f"algorithm.name: {cfg.algorithm.name!r} defines no objective(θ, x, y) to minimise")
+        raise ConfigError(f"algorithm.name: {cfg.algorithm.name!r} defines no objective(θ, x, y) to minimise")
     p = algo.spec.size
     if p > MAX_NEWTON_PARAMS:
         raise ValueError(f"model: {p} parameters; compare computes F* by Newton for at most {MAX_NEWTON_PARAMS}")

@@ -14,6 +14,7 @@ import math
 
 from torch import nn
 
+from raysim.errors import ConfigError
 from raysim.models import ModelConfig, register_model
 
 
@@ -46,7 +47,7 @@ def sigmoid_mlp(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | Non
 def sigmoid_cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
     """App. C's CIFAR-10 network: same-padded 3x3 sigmoid convolutions, a 2x2 max-pool, sigmoid dense layers."""
     if image_shape is None or len(image_shape) != 3:
-        raise ValueError(f"model.name: 'sigmoid_cnn' needs a (channels, height, width) image shape, got {image_shape}")
+        raise ConfigError(f"model.name: 'sigmoid_cnn' needs a (channels, height, width) image shape, got {image_shape}")
     c, h, w = image_shape
     layers: list[nn.Module] = [nn.Unflatten(1, tuple(image_shape))]
     for filters in cfg.channels:

@@ -23,6 +23,7 @@ from raysim.algorithms.fzoos.model_objectives import AttackObjective
 from raysim.algorithms.fzoos.optim import LocalOptimizer
 from raysim.contract import Algorithm, Context, Cost, EvalData, Plan
 from raysim.core.sampling import sample_clients
+from raysim.errors import ConfigError
 
 FLOAT_BYTES = 8
 
@@ -84,7 +85,7 @@ class ZOFamily(Algorithm):
         super().__init__(ctx)
         self.objective = objective_for(self.params.objective, ctx)
         if self.params.track_cosine and not isinstance(self.params.objective, SyntheticObjective):
-            raise ValueError("algorithm.track_cosine: needs an objective with known gradients "
+            raise ConfigError("algorithm.track_cosine: needs an objective with known gradients "
                              "(objective.kind quadratic, ackley or levy)")
 
     @property

@@ -29,6 +29,7 @@ from raysim.algorithms.fzoos.objectives import Objective
 from raysim.contract import Context
 from raysim.core.rng import SERVER, SETUP, stream
 from raysim.data import read_clients, read_table_arrays
+from raysim.errors import ConfigError
 from raysim.models import ParamSpec, build_model, initial_vector
 
 
@@ -114,7 +115,7 @@ class MetricObjective(Objective):
         self.metric, self.radius, self.num_classes = metric, perturbation, ctx.num_classes
         hx, hy = read_table_arrays(held_out_path(ctx))
         if len(hy) == 0:
-            raise ValueError("algorithm.objective: the metric objective pretrains on the held-out split; "
+            raise ConfigError("algorithm.objective: the metric objective pretrains on the held-out split; "
                              "data.test_fraction leaves it empty")
         self.theta = self.net.train(torch.tensor(np.asarray(hx), dtype=torch.float64), torch.tensor(np.asarray(hy)),
                                     _int_seed(ctx.seed, SERVER, "zo_metric_init"), pretrain_steps, pretrain_lr)
@@ -149,7 +150,7 @@ class AttackObjective(Objective):
         order = stream(ctx.seed, SETUP, SERVER, "zo_attack_image").permutation(len(hy))
         valid = [int(j) for j in order if margins[j] > 0]
         if image >= len(valid):
-            raise ValueError(f"algorithm.objective.image: {image} but only {len(valid)} held-out images have a "
+            raise ConfigError(f"algorithm.objective.image: {image} but only {len(valid)} held-out images have a "
                              "positive mean margin over the client models")
         self.image, self.label = hx[valid[image]], hy[valid[image]]
         self.x0 = torch.full((self.dim,), 0.5 if start == "zero" else 0.0, dtype=torch.float64)

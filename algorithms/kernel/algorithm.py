@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from raysim.contract import Algorithm, ClientData, Cost, EvalData, Plan
 from raysim.algorithms.kernel.federation_gain import empirical_gain, local_estimator
 from raysim.algorithms.kernel.kernels import KERNELS, GPyTorch, as_points, make_kernel
+from raysim.errors import ConfigError
 from raysim.plugins import register_algorithm
 
 Method = Literal["fedavg", "fedprox"]
@@ -455,13 +456,13 @@ class KernelFedAvg(Algorithm):
 
         bad = [j for j in self.params.gain_clients if not 0 <= j < self.ctx.num_clients]
         if bad:
-            raise ValueError(f"algorithm.gain_clients: {bad} are not clients 0..{self.ctx.num_clients - 1}")
+            raise ConfigError(f"algorithm.gain_clients: {bad} are not clients 0..{self.ctx.num_clients - 1}")
         refs = []
         assert self.ctx.train_path is not None, "a run's Context names its train.parquet"
         for j, (x, y) in sorted(read_clients(self.ctx.train_path, self.params.gain_clients).items()):
             response, truth = split_targets(y)
             if truth is None:
-                raise ValueError("algorithm.gain_clients: the federation gain needs a regression source with "
+                raise ConfigError("algorithm.gain_clients: the federation gain needs a regression source with "
                                  "noise-free truth (targets [response, f*(x)]), e.g. data.source linear_regression")
             Phi = self.kernel.features(x)
             refs.append(GainReference(j, local_estimator(Phi, response), truth_theta(Phi, y), Phi, truth))

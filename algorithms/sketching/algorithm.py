@@ -29,6 +29,7 @@ from raysim.algorithms.sketching.sketch import Kind, Sketch, check_sketch, make_
 from raysim.contract import ClientData, Cost, EvalData, Plan
 from raysim.core.keys import Keys
 from raysim.core.rng import torch_stream
+from raysim.errors import ConfigError
 from raysim.models import initial_vector
 from raysim.plugins import register_algorithm
 from raysim.training import LocalSGD, LossKind, WeightedDelta, batch_plans, in_fixed_calls, sample_losses
@@ -117,9 +118,9 @@ class IterativeSketchingFL(LocalSGD):
         try:
             check_sketch(p.sketch, self.b, self.d, p.nnz_per_col)
         except ValueError as e:
-            raise ValueError(f"algorithm.{e}") from None
+            raise ConfigError(f"algorithm.{e}") from None
         if ctx.clients_per_round != ctx.num_clients:
-            raise ValueError(f"algorithm.clients_per_round: IterativeSketchingFL is full participation (spec §2.6);"
+            raise ConfigError(f"algorithm.clients_per_round: IterativeSketchingFL is full participation (Algorithm 1: every client keeps the replica every round);"
                              f" set it to data.num_clients={ctx.num_clients} (got {ctx.clients_per_round})")
         self.sigma = 0.0
         if p.dp is not None:  # σ/Δ₂ is fixed by (ε̂, δ̂); Δ₂ (so σ) is each batch's own, see step_many

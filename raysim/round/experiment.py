@@ -10,6 +10,7 @@ from raysim import plugins
 from raysim.config import ExperimentConfig
 from raysim.contract import Algorithm, Context
 from raysim.data import FederatedData
+from raysim.errors import ConfigError
 
 
 @dataclass
@@ -58,6 +59,18 @@ class Experiment:
     def algorithm_for(self, data: FederatedData, device: str = "cpu") -> Algorithm:
         """Instantiate the configured algorithm."""
         return self.algorithm(self.context(data, device))
+
+
+def check_on(experiment: Experiment, data: FederatedData) -> None:
+    """Instantiate the algorithm once on the data, in the driver, before a round or an actor's shard starts: what its
+    constructor refuses (a ValueError, as `field: problem`: a model the data's shapes cannot feed, a loss their
+    labels do not fit) is a mistake in the input, a ConfigError, not a defect."""
+    try:
+        experiment.algorithm_for(data)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def make_algorithm(cfg: ExperimentConfig, data: FederatedData, device: str = "cpu") -> Algorithm:

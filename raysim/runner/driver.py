@@ -19,7 +19,7 @@ from raysim.data import build_federated, check_source
 from raysim.errors import ConfigError, DivergenceError, RunDirError, RunInterrupted, UserError
 from raysim.results import RunResult, RunWriter, new_run_dir
 from raysim.results.export import save_federated
-from raysim.round.experiment import Experiment
+from raysim.round.experiment import Experiment, check_on
 from raysim.round.local import LocalServer
 from raysim.runner import ray_session
 from raysim.runner.interrupt import StopSignals
@@ -214,8 +214,9 @@ def _run(experiment: Experiment, run_dir: Path, created: Path | None, done: int,
                 fleet = launch(experiment)
         t_ray = time.perf_counter()
         fed = build_federated(cfg.data, cfg.seed, run_dir / "data")
-        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resumed else f"writing {run_dir}")
         save_federated(fed, run_dir / "data")
+        check_on(experiment, fed)  # before any line is logged: a mistake the data reveal stays the only line
+        LOGGER.info("%s: %s", cfg.name, f"resuming {run_dir} after round {done}" if resumed else f"writing {run_dir}")
         t_data = time.perf_counter()
         local = fed.local_test()
         LOGGER.info("data: %d clients, %d training%s and %d test samples (%.1f s)", fed.num_clients, fed.num_train,

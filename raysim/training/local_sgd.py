@@ -31,6 +31,7 @@ from raysim.core.device import host
 from raysim.core.keys import Keys
 from raysim.core.privacy import calibrated_noise, epsilon_after
 from raysim.core.summary import summary_names
+from raysim.errors import ConfigError
 from raysim.models import initial_vector, placed_model
 from raysim.training.local_optim import LocalOptimizer
 from raysim.core.sampling import sample_clients
@@ -55,6 +56,18 @@ def sample_losses(out: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor
         return F.binary_cross_entropy_with_logits(out.reshape(y.shape), y, reduction="none")
     target = y.reshape(out.shape) if y.is_floating_point() else one_hot(y, out.shape[-1], out.dtype)
     return 0.5 * ((out - target) ** 2).reshape(len(out), -1).sum(1)
+
+
+def loss_problem(kind: str, num_classes: int, target_shape: tuple) -> str | None:
+    """Why the loss `kind` cannot train on targets of `num_classes` classes (0: real or soft targets) and per-sample
+    shape `target_shape`, or None: bce takes one output and labels in [0, 1], ce class labels or distributions."""
+    if kind == "bce" and num_classes > 1:
+        return (f"algorithm.loss: 'bce' is the logistic loss (66) of one output and labels in [0, 1], but the data have"
+                f" {num_classes} classes; use 'ce' (or 'mse' on one-hot targets)")
+    if kind == "ce" and num_classes == 0 and not target_shape:
+        return ("algorithm.loss: 'ce' needs class labels or class distributions, but the data's targets are real"
+                " scalars; use 'bce' (labels in [0, 1]) or 'mse'")
+    return None
 
 
 def one_hot(y: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -476,6 +489,9 @@ class LocalSGD(Algorithm):
 
     def __init__(self, ctx):
         super().__init__(ctx)
+        problem = loss_problem(self.params.loss, ctx.num_classes, tuple(ctx.target_shape))
+        if problem:
+            raise ConfigError(problem)
         self.module, self.spec, self.dtype, self.device = placed_model(ctx)
         largest = int(np.max(ctx.client_sizes))
         self.batch_width = largest if self.params.batch_size is None else min(self.params.batch_size, largest)
