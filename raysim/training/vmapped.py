@@ -9,7 +9,6 @@ gradient is the same whichever clients share its shard, and however many.
 """
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -82,20 +81,14 @@ def in_fixed_calls(fn: Callable[..., torch.Tensor], width: int, *tensors: torch.
 class VmappedGrad:
     """∇ of `loss(params, x, y, w)` (one client's named parameters and minibatch of `batch_width` rows) for every
     client of stacked rows θ [k, d] at once, as rows [k, d], `width` clients a call (`vmap_width` of the module's
-    multiply-adds a client-call)."""
+    multiply-adds a client-step)."""
 
     def __init__(self, loss: Callable[..., torch.Tensor], module: nn.Module, spec: ParamSpec, feature_shape: tuple,
                  dtype: torch.dtype, device: torch.device, batch_width: int, clients_per_round: int):
-        self.loss, self.module, self.spec = loss, module, spec
-        self._shape, self._dtype, self._device = tuple(feature_shape), dtype, device
-        self._batch, self._round = batch_width, clients_per_round
+        self.loss, self.spec = loss, spec
+        macs = sample_macs(module, tuple(feature_shape), dtype) if device.type == "cpu" else 0
+        self.width = vmap_width(device, macs * batch_width, clients_per_round)  # counted here, never by two threads
         self._losses = vmap(loss)
-
-    @functools.cached_property
-    def width(self) -> int:
-        """The clients a call (counted on first use: stacked models never need it)."""
-        macs = sample_macs(self.module, self._shape, self._dtype) if self._device.type == "cpu" else 0
-        return vmap_width(self._device, macs * self._batch, self._round)
 
     def _call(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """One call's gradients: the parameters leaves of their own, so the backward writes each one's gradient
