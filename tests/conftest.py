@@ -53,7 +53,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def sec51_problem():
-    """The kernel spec's §5.1 seed-0 set-up: default_rng(0) draws theta* [d], then the X_i [n, d], then the
+    """The kernel paper's Sec. 6.1 set-up at seed 0: default_rng(0) draws theta* [d], then the X_i [n, d], then the
     noise (sigma 0.5); M=25 clients, n_i=500, d=100, eta=0.1. Returns (theta_star, X, ys, eta)."""
     rng = np.random.default_rng(0)
     M, d, n = 25, 100, 500

@@ -3,11 +3,11 @@ the clients' Fisher information.
 
 Each client trains E epochs from W0 and uploads (W_i, F_i) with F_i its diagonal true Fisher
 (`fisher: diag`) or its K-FAC factors (`fisher: kfac`; parameters outside Linear/Conv layers get a diagonal
-block, §8.8; the Fisher is taken in eval mode, BatchNorm on its running statistics), compressed as App. C when
-`compression` is not `none` (§2.5: quantized weights and Fisher, low-rank K-FAC factors; Cost counts the bits). The server minimizes
+block (README); the Fisher is taken in eval mode, BatchNorm on its running statistics), compressed as App. C when
+`compression` is not `none` (App. C: quantized weights and Fisher, low-rank K-FAC factors; Cost counts the bits). The server minimizes
 Φ(W) = ½ Σ p_i (W − W_i)^T F_i (W − W_i) from W̄ = Σ p_i W_i with the code's Adam variant (lr 0.01,
 betas 0.9/0.99, ε 0.01, 2000 steps) and returns the best iterate on the 500-sample validation set
-every 100 steps (§2.6). `rounds > 1` is the few-shot extension of Fig. 2 (§8.10).
+every 100 steps (App. D.3). `rounds > 1` is the few-shot extension of Fig. 2 (Sec. 5.2).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from raysim.plugins import register_algorithm
 
 
 class FedFisherParams(FisherStatsParams):
-    """The Fisher variant and the server solver of spec §2.6 (defaults: the paper's code)."""
+    """The Fisher variant and the server solver of App. D.3 (defaults: the paper's code)."""
 
     fisher: Literal["diag", "kfac"] = "diag"
     fisher_type: FisherType = Field("true_exact", description="true_exact (eq. (3), the code's), true_mc or empirical")
@@ -62,7 +62,7 @@ class FedFisher(OneShot):
 
     def fisher_stats(self, module: torch.nn.Module, data: ClientData, rng: np.random.Generator):
         """The client's Fisher (diagonal vector or KFAC), its float count and Cost: one pass over the local data
-        with K backward passes per batch (K = C classes, k Monte Carlo labels, or 1; spec §2.3, §8.7)."""
+        with K backward passes per batch (K = C classes, k Monte Carlo labels, or 1; eq. (3))."""
         p = self.params
         gen = torch.Generator().manual_seed(int(rng.integers(2**62))) if p.fisher_type == "true_mc" else None
         estimate = FisherEstimate(p.fisher_type, p.fisher_mc_samples, gen)
@@ -75,7 +75,7 @@ class FedFisher(OneShot):
 
     def step(self, cstate, data: ClientData, broadcast: np.ndarray, rng: np.random.Generator):
         """Local training, the Fisher, then the upload (W_i, F_i), compressed if asked; its bits go in Cost
-        (upload_vectors in model-sized vectors of the model's float width: 32d bits for float32, §2.4-2.5)."""
+        (upload_vectors in model-sized vectors of the model's float width: 32d bits for float32, App. C)."""
         module, cost = self.local_train(data, broadcast, rng)
         params = torch.nn.utils.parameters_to_vector(module.parameters()).detach().cpu().numpy()
         stats, floats, extra = self.fisher_stats(module, data, rng)

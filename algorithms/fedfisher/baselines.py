@@ -4,7 +4,7 @@ W0 and uploads its model (plus statistics); the server merges the uploads in `ag
 `OneShot` is the shared protocol: E epochs of SGD with momentum (lr 0.01, momentum 0.9, batch
 64, shuffled each epoch, deterministic from the client's rng), all M clients every round, client
 weights p_i = n_i/N, a 500-sample server validation set drawn with replacement from the pooled
-training data. `rounds > 1` repeats it from the merged model (the few-shot extension, §8.10).
+training data. `rounds > 1` repeats it from the merged model (the few-shot extension, Sec. 5.2).
 The baselines here: one-shot FedAvg, FisherMerge, RegMean, OTFusion, PFNM and DENSE (their math in
 `merge/`, `otfusion.py` and `dense.py`); FedFisher in `algorithm.py`.
 """
@@ -37,7 +37,7 @@ from raysim.training import ServerState, batch_plan
 
 
 class OneShotParams(BaseModel):
-    """Local training of every one-shot method (spec §2.2) and the server's validation set (§8.4)."""
+    """Local training of every one-shot method (Sec. 5.1) and the server's validation set (App. D.3)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -103,7 +103,7 @@ class OneShot(Algorithm):
         return module
 
     def local_train(self, data: ClientData, w0: np.ndarray, rng: np.random.Generator) -> tuple[torch.nn.Module, Cost]:
-        """E epochs of minibatch SGD with momentum from w0 (spec §2.2); the Cost of the training alone."""
+        """E epochs of minibatch SGD with momentum from w0 (Sec. 5.1); the Cost of the training alone."""
         p = self.params
         module = self._module_at(w0)
         opt = torch.optim.SGD(module.parameters(), lr=p.lr, momentum=p.momentum)
@@ -173,7 +173,7 @@ class OneShot(Algorithm):
 
 @register_algorithm("oneshot_fedavg")
 class OneShotFedAvg(OneShot):
-    """One-shot FedAvg: W = Σ p_i W_i (spec §4.1)."""
+    """One-shot FedAvg: W = Σ p_i W_i (Sec. 5.1, the code's weights)."""
 
     def merge(self, models, replies, weights):
         return weighted_average(models, weights), Cost()
@@ -190,7 +190,7 @@ class FisherMergeParams(FisherStatsParams):
 
 
 def diag_stats(algo: OneShot, module: torch.nn.Module, data: ClientData) -> tuple[np.ndarray, int, Cost]:
-    """The client's diagonal true Fisher: one pass with C per-class backward passes (spec §2.3)."""
+    """The client's diagonal true Fisher: one pass with C per-class backward passes (eq. (3))."""
     diag = diagonal_fisher(module, data.x, algo.params.fisher_batch_size)
     batches = -(-len(data) // algo.params.fisher_batch_size)
     return diag, diag.size, Cost(oracle_calls=len(data) * algo.ctx.num_classes, oracle_batches=batches)
@@ -198,7 +198,7 @@ def diag_stats(algo: OneShot, module: torch.nn.Module, data: ClientData) -> tupl
 
 @register_algorithm("fisher_merge")
 class FisherMerge(OneShot):
-    """FisherMerge with the diagonal true Fisher and the code's FedAvg fallback (spec §4.2)."""
+    """FisherMerge with the diagonal true Fisher and the code's FedAvg fallback (App. D.3)."""
 
     Params = FisherMergeParams
 
@@ -219,7 +219,7 @@ class RegMeanParams(OneShotParams):
 
 @register_algorithm("regmean")
 class RegMean(OneShot):
-    """RegMean on the Linear layers, averaging the rest (spec §4.3)."""
+    """RegMean on the Linear layers, averaging the rest (App. D.3)."""
 
     Params = RegMeanParams
 
@@ -240,7 +240,7 @@ class RegMean(OneShot):
 @register_algorithm("otfusion")
 class OTFusion(OneShot):
     """OTFusion: every layer transported onto client 0's by exact OT on the weights, then averaged; the code's
-    `correction` and `past_correction` flags are chosen on validation (spec §4.4)."""
+    `correction` and `past_correction` flags are chosen on validation (App. D.3)."""
 
     def merge(self, models, replies, weights):
         candidates = list(flag_grid(models, weights, self.spec, curvature_layers(self.module)))
@@ -249,7 +249,7 @@ class OTFusion(OneShot):
 
 
 class PFNMParams(OneShotParams):
-    """PFNM's BBP prior and MAP search; defaults are the reference code's (spec §4.5)."""
+    """PFNM's BBP prior and MAP search; defaults are the reference code's (App. D.3)."""
 
     sigma: float = Field(1.0, gt=0, description="variance of a local neuron around its global atom")
     sigma0: float = Field(1.0, gt=0, description="prior variance of a global atom")
@@ -268,7 +268,7 @@ class PFNMState(ServerState):
 
 @register_algorithm("pfnm")
 class PFNM(OneShot):
-    """PFNM: layer-wise BBP-MAP neuron matching; the global model may be wider than the local ones (spec §4.5).
+    """PFNM: layer-wise BBP-MAP neuron matching; the global model may be wider than the local ones (App. D.3, Sec. 5.2).
     Clients also send their class counts (C numbers) for the output layer's averaging weights."""
 
     Params = PFNMParams
@@ -277,7 +277,7 @@ class PFNM(OneShot):
         super().__init__(ctx)
         if ctx.rounds != 1:
             raise ConfigError(f"algorithm.rounds: PFNM is one-shot only (its merged model has another architecture "
-                             f"and the spec does not use it for few-shot, §6.2); set rounds: 1 (got {ctx.rounds})")
+                             f"and the paper omits it from few-shot runs, Sec. 5.2); set rounds: 1 (got {ctx.rounds})")
 
     def init(self) -> PFNMState:
         return PFNMState(super().init().params)
@@ -313,7 +313,7 @@ class PFNM(OneShot):
 
 
 class DENSEParams(OneShotParams):
-    """DENSE's synthesis and distillation; defaults are the paper code's (spec §4.6)."""
+    """DENSE's synthesis and distillation; defaults are the paper code's (App. D.3)."""
 
     nz: int = Field(256, ge=1, description="latent size of the generator")
     ngf: int = Field(64, ge=1, description="generator width (channels of its last hidden block)")
@@ -332,7 +332,7 @@ class DENSEParams(OneShotParams):
 @register_algorithm("dense")
 class DENSE(OneShot):
     """DENSE: the student, started at FedAvg, is distilled from the p-weighted logit ensemble of the local models on
-    generator-synthesized images; the epoch best on validation is returned (spec §4.6)."""
+    generator-synthesized images; the epoch best on validation is returned (App. D.3)."""
 
     Params = DENSEParams
 

@@ -1,4 +1,4 @@
-"""DENSE (Zhang et al. 2022), data-free distillation, as the FedFisher paper's `algs/dense.py` runs it (spec §4.6).
+"""DENSE (Zhang et al. 2022), data-free distillation, as the FedFisher paper's `algs/dense.py` runs it (App. D.3).
 
 Each epoch a freshly initialized DCGAN-style generator and its latent batch z are trained to produce inputs that
 the p-weighted logit ensemble of the local models classifies as random targets while the student disagrees with

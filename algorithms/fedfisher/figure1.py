@@ -3,8 +3,8 @@
 Run: python -m raysim.algorithms.fedfisher.figure1 [--out DIR] [--seeds S]
 
 Width sweep (K = 2048, m in 32 128 512 2048) and local-steps sweep (m = 512, K in 16 ... 16384) of
-raysim.algorithms.fedfisher.fisher.synthetic.experiment, one thread. Prints both tables in the spec's §7.2 layout (mean ± population
-sd over seeds), writes DIR/fig1_synthetic.parquet (one row per sweep, width, K, seed, method) and
+raysim.algorithms.fedfisher.fisher.synthetic.experiment, one thread. Prints both tables (a row per swept value, a column per method, mean ±
+population sd over seeds), writes DIR/fig1_synthetic.parquet (one row per sweep, width, K, seed, method) and
 DIR/fig1_synthetic.png (error vs width, error vs K, one line per method), plus a small copy of the figure at
 docs/figures/fedfisher/fig1_synthetic.png. DIR defaults to runs/fedfisher_synthetic.
 """
@@ -59,14 +59,14 @@ def fig1_points(widths: Sequence[int] = WIDTHS, steps: Sequence[int] = STEPS) ->
 
 
 def summary(table: pd.DataFrame, name: str) -> pd.DataFrame:
-    """Mean and population sd (np.std, spec §8.17) of the error per swept value and method, for one sweep."""
+    """Mean and population sd (np.std) of the error per swept value and method, for one sweep."""
     key = "width" if name == "width" else "steps"
     part = table[table["sweep"] == name]
     return part.groupby([key, "method"])["error"].agg(mean="mean", sd=lambda e: e.std(ddof=0)).unstack("method")
 
 
 def markdown(table: pd.DataFrame, name: str) -> str:
-    """The sweep's table in the spec's §7.2 layout, cells `mean ± sd`."""
+    """The sweep's table, a row per swept value and a column per method, cells `mean ± sd`."""
     s = summary(table, name)
     methods = [m for m in LABELS if m in s["mean"].columns]
     head = ["m" if name == "width" else "K"] + [LABELS[m] for m in methods]
@@ -107,7 +107,7 @@ def plot(table: pd.DataFrame, path: Path, small: Path | None = None) -> list[Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "fedfisher_synthetic")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..S-1 (spec §7.2: 5)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..S-1 (the paper: 50 for Fig. 1a, 10 for 1b)")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")

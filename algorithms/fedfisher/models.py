@@ -1,7 +1,7 @@
 """The FedFisher paper's bias-free models: LeNet, the 2-conv CNN, a bias-free MLP.
 
 LeNet and the CNN are conv(k5) -> ReLU -> MaxPool2 twice, then three bias-free linear layers; LeNet has
-44,190 parameters on 1x28x28 inputs, the CNN 939,616 on 3x32x32 inputs (spec §2.4).
+44,190 parameters on 1x28x28 inputs, the CNN 939,616 on 3x32x32 inputs (Sec. 5.1, as the paper code builds them).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def paper_cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None,
 
 @register_model("mlp_nobias")
 def mlp_nobias(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
-    """A bias-free ReLU MLP of widths `model.hidden` (the spec's MNIST-1D proxy: 40-256-128-10, §7.3)."""
+    """A bias-free ReLU MLP of widths `model.hidden` (the README's MNIST-1D proxy: 40-256-128-10)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(feature_shape)
     for h in cfg.hidden:

@@ -2,7 +2,7 @@
 
 Each (method, seed) is one run of the runtime; for a seed every method trains the identical local
 models (same streams), as in the paper's code (the FedFisher paper). The table (Parquet and
-markdown, mean ± population std over seeds as in §8.17) and a bar chart go to the output folder.
+markdown, mean ± population std over seeds; the paper does not say which) and a bar chart go to the output folder.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ ONESHOT_FAMILIES = {"oneshot_fedavg", "fisher_merge", "regmean", "fedfisher", "o
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per method: mean and population std (np.std, spec §8.17) of test accuracy in %, seeds, and costs; the
+    """Per method: mean and population std (np.std) of test accuracy in %, seeds, and costs; the
     client overhead over one-shot FedAvg's (Table 1) when it ran, in oracle calls (exact: identical client work
     reads identical) and in measured CPU seconds (what a machine pays; a few points of scheduling noise)."""
     g = table.groupby("method", sort=False)

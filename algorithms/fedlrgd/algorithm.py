@@ -16,13 +16,13 @@ using only its own r per-sample gradients per step. Epochs (T = r + 2 rounds, τ
     round r+2      "B"  server: S steps of inexact GD, step 1/L1     r S server calls
 
 Rounds after r + 2 are idle (no clients, no cost). With `upload: sums` clients upload the rows of
-h_c instead and the server applies (G^(i))^{-1} itself (the §3.3 variant; same estimate by linearity).
-Solves are in float64 with a per-coordinate condition-number check (§8.3): coordinates whose
+h_c instead and the server applies (G^(i))^{-1} itself (an equivalent variant; same estimate by linearity).
+Solves are in float64 with a per-coordinate condition-number check (the paper assumes G^(i) invertible): coordinates whose
 cond(G^(i)) exceeds `cond_threshold` warn and use the `fallback` solve (pinv / Tikhonov) or raise.
 
 The math lives in small pure functions (`per_sample_grads`, `client_sums`, `solve_weights`,
 `gradient_estimate`, `inexact_gd`) that take any per-sample loss `loss(theta, x, y) -> scalar` of a
-flat float64 parameter vector, so tests can use the spec's problems directly.
+flat float64 parameter vector, so tests can use the README's synthetic problems directly.
 """
 from __future__ import annotations
 
@@ -239,7 +239,7 @@ class FedLRGD(Algorithm):
     # ---- setup
 
     def _default_L1(self) -> float:
-        """Bound on L1 for `logreg` / `linear` with features in [0, 1] (spec §8.17): c·max‖x'‖² + mu with
+        """Bound on L1 for `logreg` / `linear` with features in [0, 1] (as App. A's (68)): c·max‖x'‖² + mu with
         c = ½ (ce), ¼ (bce), 1 (mse), x' = (x, 1) with logreg's bias."""
         if self.ctx.model.name not in ("logreg", "linear"):
             raise ValueError("fedlrgd: set L1 (the smoothness constant) for models other than logreg and linear")
@@ -247,7 +247,7 @@ class FedLRGD(Algorithm):
         return {"ce": 0.5, "bce": 0.25, "mse": 1.0}[self.params.loss] * sq + self.params.mu
 
     def _server_samples(self, given: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The server's own r samples x^(0,1..r) (§1, §8.1): `given`, else r fresh draws from the law of
+        """The server's own r samples x^(0,1..r) (Sec. I-A): `given`, else r fresh draws from the law of
         `server_source` on a stream of their own, so they are never copies of the clients' samples."""
         r = self.params.r
         if given is not None:

@@ -1,7 +1,7 @@
 """`raysim compare`: run algorithms on one problem to target accuracies ε and tabulate what it cost.
 
 For each experiment file, the FedAvg family (fedavg, fedprox) runs once per number of local steps
-b (spec §7.15: b ∈ {1, 5, 10, 20, 50}); any other algorithm runs once. A run reaches ε at the first
+b (b ∈ {1, 5, 10, 20, 50}, as in the README); any other algorithm runs once. A run reaches ε at the first
 round whose `train_objective` F(θ_t) (the full empirical risk of the algorithm's problem: the whole
 pooled training set, and FedLRGD's server samples) is within ε of F* = min F. F* is computed here
 by damped Newton in float64 on the algorithm's own `objective` (exact for ridge, to machine

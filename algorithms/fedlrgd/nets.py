@@ -25,7 +25,7 @@ def _outputs(num_classes: int) -> int:
 
 @register_model("linear")
 def linear(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
-    """θᵀx without bias (App. A's logistic regression, §5.2 A's ridge regression)."""
+    """θᵀx without bias (App. A's logistic regression, the README's ridge regression)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(feature_shape), _outputs(num_classes), bias=False))
 
 

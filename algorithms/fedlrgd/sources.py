@@ -4,9 +4,9 @@ Every client gets `synthetic_samples // num_clients` samples (the paper's equal 
 before the test hold-out: with test_fraction 0.2, 25 generated give s = 20), features in
 [0, 1]^p with p = `synthetic_features`, and float64 targets in [0, 1] (`num_classes` 0):
 
-* `smooth_logistic` (§5.2 B, App. A): x ~ U[0,1]^p, soft label y = σ(3(x_1 − x_2) + 0.5 N(0,1)),
+* `smooth_logistic` (App. A's loss; the README's law): x ~ U[0,1]^p, soft label y = σ(3(x_1 − x_2) + 0.5 N(0,1)),
   for the soft-label logistic loss (66) (`loss: bce`) of the bias-free `linear` model.
-* `smooth_ridge` (§5.2 A): u ~ U[0,1]^p, y = clip(mean(u) + 0.1 N(0,1), 0, 1), for ridge regression
+* `smooth_ridge` (README): u ~ U[0,1]^p, y = clip(mean(u) + 0.1 N(0,1), 0, 1), for ridge regression
   (`loss: mse` plus an ℓ2 term); its per-coordinate gradient kernel has exact rank p + 1.
 
 `SAMPLERS` draws fresh samples from the same laws: FedLRGD's server takes its own r samples there
@@ -37,13 +37,13 @@ def _per_client(cfg: DataConfig) -> int:
 
 
 def logistic_draw(rng: np.random.Generator, n: int, p: int) -> tuple[np.ndarray, np.ndarray]:
-    """n samples of §5.2 B: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
+    """n samples of `smooth_logistic`: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
     x = rng.uniform(0.0, 1.0, (n, p))
     return x, 1.0 / (1.0 + np.exp(-(3.0 * (x[:, 0] - x[:, 1]) + 0.5 * rng.standard_normal(n))))
 
 
 def ridge_draw(rng: np.random.Generator, n: int, p: int) -> tuple[np.ndarray, np.ndarray]:
-    """n samples of §5.2 A: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
+    """n samples of `smooth_ridge`: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
     u = rng.uniform(0.0, 1.0, (n, p))
     return u, np.clip(u.mean(1) + 0.1 * rng.standard_normal(n), 0.0, 1.0)
 
@@ -58,7 +58,7 @@ def _natural(cfg: DataConfig, s: int) -> np.ndarray:
 
 @register_source("smooth_logistic", natural=True)
 def smooth_logistic(cfg: DataConfig, seed: int) -> Source:
-    """§5.2 B: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
+    """`smooth_logistic`: x ~ U[0,1]^p, soft labels y = σ(3(x_1 − x_2) + 0.5 N(0,1)) (float64)."""
     p = cfg.synthetic_features
     if p < 2:
         raise DataError(f"data.synthetic_features: smooth_logistic needs p >= 2 features, got {p}")
@@ -69,7 +69,7 @@ def smooth_logistic(cfg: DataConfig, seed: int) -> Source:
 
 @register_source("smooth_ridge", natural=True)
 def smooth_ridge(cfg: DataConfig, seed: int) -> Source:
-    """§5.2 A: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
+    """`smooth_ridge`: u ~ U[0,1]^p, real targets y = clip(mean(u) + 0.1 N(0,1), 0, 1) (float64)."""
     p = cfg.synthetic_features
     s = _per_client(cfg)
     u, y = ridge_draw(stream(seed, SETUP, SERVER, "smooth_ridge"), s * cfg.num_clients, p)

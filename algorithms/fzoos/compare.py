@@ -4,8 +4,8 @@
         --algorithms fzoos,fedzo,zo_fedprox,zo_scaffold1,zo_scaffold2 --rounds 50 --out runs/fig1_c5
 
 Each algorithm runs through the real runtime with the config's shared settings (objective, T, lr,
-optimiser...) and its own defaults; FD baselines use the orthonormal directions of the spec's
-reference numbers unless the config sets them, scaled d/Q so that eq. (3) is unbiased (fd_scale).
+optimiser...) and its own defaults; FD baselines use the official code's orthonormal directions
+unless the config sets them, scaled d/Q so that eq. (3) is unbiased (fd_scale).
 `--rounds` counts communication rounds (FZooS and SCAFFOLD-I get two phases each). Writes
 compare.png (value vs rounds and vs queries), compare_cosine.png when the config logs cosines, and
 compare.md: F(x_R) at equal rounds and at equal queries (the largest total every algorithm reached),

@@ -16,18 +16,18 @@ from raysim.algorithms.fzoos.objectives import SYNTHETIC, Objective
 
 
 class SyntheticObjective(BaseModel):
-    """The quadratic of §5.1 (d=300, N=5, C in {0.5, 5, 50}) or its Ackley/Levy variants."""
+    """The quadratic of Sec. 6.1, eq. (98) (d=300, N=5, C in {0.5, 5, 50}) or its Ackley/Levy variants."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["quadratic", "ackley", "levy"] = "quadratic"
     dim: int = Field(300, ge=2, description="d")
     heterogeneity: float = Field(5.0, ge=0, description="C: larger is more heterogeneous")
-    noise_std: float = Field(0.0, ge=0, description="std of the Gaussian observation noise of a query (A26)")
+    noise_std: float = Field(0.0, ge=0, description="std of the Gaussian observation noise of a query (0: the official code's)")
 
 
 class MetricObjectiveConfig(BaseModel):
-    """1 - metric of a perturbed pretrained classifier (§5.3); the classifier is the `model:` section."""
+    """1 - metric of a perturbed pretrained classifier (Sec. 6.3); the classifier is the `model:` section."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -40,7 +40,7 @@ class MetricObjectiveConfig(BaseModel):
 
 
 class AttackObjectiveConfig(BaseModel):
-    """Black-box attack on the clients' own models (§5.2); each model is the `model:` section."""
+    """Black-box attack on the clients' own models (Sec. 6.2); each model is the `model:` section."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,4 +1,4 @@
-"""What every federated zeroth-order family shares (the FZooS paper Algo. 1, §2.5, §2.7, §9).
+"""What every federated zeroth-order family shares (the FZooS paper Algo. 1 and 2, and the official code's options).
 
 A communication round is one raysim round per phase: "local" (T local steps from the broadcast
 x_{r-1}, upload x_{r,T}^(i), the server averages into x_r) and, for families with a second
@@ -38,7 +38,7 @@ class ZOParams(BaseModel):
     lr: float = Field(0.01, gt=0)
     optimizer: Literal["adam", "sgd"] = "adam"
     clip_iterates: bool = Field(True, description="project iterates onto [0,1]^d (False: the code's behaviour)")
-    server_accept_if_improves: bool = Field(False, description="the official code's acceptance step (A16); "
+    server_accept_if_improves: bool = Field(False, description="the official code's acceptance step, not the paper's; "
                                             "charges N queries a round")
     track_cosine: bool = Field(False, description="log cos(g_hat, grad F) per local step (Fig. 4; synthetic only)")
 

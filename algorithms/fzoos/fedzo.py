@@ -3,7 +3,7 @@ FedProx and SCAFFOLD (Types I and II), all instances of eq. (2) with the FD esti
 
 Every local step estimates Delta_i(x) from Q queries at x + lambda u_q and y_i(x) (the query at
 the previous iterate), then takes an Adam step; a round costs 1 + T(Q + 1) queries per client
-(211 at T = 10, Q = 20). SCAFFOLD-I adds a second phase with Q + 1 queries at x_r (A15).
+(211 at T = 10, Q = 20). SCAFFOLD-I adds a second phase with Q + 1 queries at x_r (counted, unlike in the official code).
 """
 from __future__ import annotations
 
@@ -22,18 +22,18 @@ from raysim.algorithms.fzoos.family import ZOBroadcast, ZOFamily, ZOParams, ZORe
 
 
 class FedZOParams(ZOParams):
-    """The FD estimator: Q directions, smoothing lambda, their kind and the scale (A13)."""
+    """The FD estimator: Q directions, smoothing lambda, their kind and the scale (README)."""
 
     directions: int = Field(20, ge=1, description="Q")
     smoothing: float = Field(0.01, gt=0, description="lambda (the code's `mu`)")
     fd_directions: Literal["gaussian", "orthonormal"] = "gaussian"
     fd_scale: Literal["unbiased", "inv_q", "d_over_q"] = Field(
-        "unbiased", description="unbiased: 1/Q for Gaussian, d/Q for orthonormal directions (§3.1); "
+        "unbiased", description="unbiased: 1/Q for Gaussian, d/Q for orthonormal directions (README); "
         "inv_q with orthonormal directions is the official code's, whose mean is grad f / d")
 
 
 class ZOFedProxParams(FedZOParams):
-    """FedProx adds prox * (x - x_{r-1}) to the FD estimate (eq. (89); A14)."""
+    """FedProx adds prox * (x - x_{r-1}) to the FD estimate (eq. (89); 1 as in the official code)."""
 
     prox: float = Field(1.0, ge=0, description="the proximal weight gamma")
 

@@ -1,7 +1,7 @@
 """FZooS: federated zeroth-order optimisation with trajectory-informed surrogate gradients
-(the FZooS paper §2.6 with every default).
+(the FZooS paper's Algo. 2, defaults of App. E and, where it is silent, the official code).
 
-A communication round has two phases (two synchronisations, §2.5):
+A communication round has two phases (two synchronisations, Algo. 2):
 * "local": from x_{r-1}, T Adam steps on g = grad mu_i(x) (eq. (5), the GP on the K_gp history
   points nearest to x) + gamma_t (grad mu_hat_{r-1}(x) - grad mu_hat_i(x)) (eq. (8), the shared
   RFF surrogates), one query per iterate and 5 active queries of largest gradient uncertainty
@@ -28,12 +28,12 @@ from raysim.algorithms.fzoos.history import History
 
 
 class FZooSParams(ZOParams):
-    """FZooS's hyperparameters; the ablations of §3.3 are `gamma` and `correction_vector`."""
+    """FZooS's hyperparameters; the ablations of App. F are `gamma` and `correction_vector`."""
 
     num_features: int = Field(10_000, ge=1, description="M, random Fourier features")
     lengthscale: float = Field(1.0, gt=0, description="SE length scale of the GP and the RFF")
     lengthscale_fit: Literal["fixed", "ml2"] = Field("fixed", description="ml2: refit l by marginal likelihood "
-                                                      "at every step for the gradient and the active-query GP alike; the RFF keeps `lengthscale` (A7)")
+                                                      "at every step for the gradient and the active-query GP alike; the RFF keeps `lengthscale`")
     ml2_steps: int = Field(20, ge=1)
     noise: float = Field(1e-6, gt=0, description="sigma^2 of the GP and the RFF fit, on normalised targets")
     gp_window: int = Field(150, ge=1, description="K_gp nearest history points of the local GP")
@@ -45,7 +45,7 @@ class FZooSParams(ZOParams):
     active_local_radius: float = Field(0.01, gt=0)
     active_end: int = Field(50, ge=0, description="active queries around x_r at the end of a round")
     active_end_candidates: int = Field(200, ge=1)
-    uncertainty: Literal["trace", "first_coord"] = Field("trace", description="active-query score (§2.4, A4)")
+    uncertainty: Literal["trace", "first_coord"] = Field("trace", description="active-query score (first_coord: the official code's)")
     gamma: Literal["inv_t", "const", "floored"] = Field("inv_t", description="correction length: 1/t (paper), "
                                                         "gamma_value, or max(1/t, gamma_min)")
     gamma_value: float = Field(1.0, ge=0)
@@ -55,7 +55,7 @@ class FZooSParams(ZOParams):
 
 
 def correction_length(kind: str, t: int, value: float, floor: float) -> float:
-    """gamma_{r,t-1} for the 1-based local step t (§2.3, §7.2 R6)."""
+    """gamma_{r,t-1} for the 1-based local step t (eq. (8), App. E; README for C = 50)."""
     if kind == "const":
         return value
     return max(1.0 / t, floor) if kind == "floored" else 1.0 / t

@@ -3,7 +3,7 @@
 `fit` conditions on min-max-normalised targets (float64, coordinates centred on the point of
 interest for conditioning); `mean_grad` is the closed form of eq. (5), de-normalised;
 `grad_cov` is the posterior covariance of the gradient and `grad_cov_trace` its trace at a batch
-of candidates in O(n^2) each (§2.1), the active-query score (§2.4). `ExactGPModel` is the same
+of candidates in O(n^2) each, the active-query score (README). `ExactGPModel` is the same
 GP in gpytorch: ML-II fitting of the length scale, and the autograd oracle of the tests.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ class GradientGP:
 
 
 def normalise(y: Tensor) -> tuple[Tensor, float]:
-    """Min-max scaling of the targets to [0, 1] and the range to de-normalise gradients (§2.1)."""
+    """Min-max scaling of the targets to [0, 1] and the range to de-normalise gradients (as the official code does)."""
     lo, span = y.min(), float(y.max() - y.min())
     return (y - lo) / (span + 1e-20), span
 
@@ -84,7 +84,7 @@ def grad_cov(gp: GradientGP, x: Tensor) -> Tensor:
 
 
 def grad_cov_trace(gp: GradientGP, C: Tensor) -> Tensor:
-    """tr Sigma_grad(c) for candidates C (m, d): d s^2/l^2 - l^-4 [|c|^2 k'Ak - 2 (k*p)'Ak + k'(A*H)k] (§2.1)."""
+    """tr Sigma_grad(c) for candidates C (m, d): d s^2/l^2 - l^-4 [|c|^2 k'Ak - 2 (k*p)'Ak + k'(A*H)k] (eq. (4)'s covariance)."""
     Cc = C - gp.center
     k = se_gram(Cc, gp.X, gp.lengthscale, gp.outputscale)
     Ak = k @ gp.A
@@ -96,7 +96,7 @@ def grad_cov_trace(gp: GradientGP, C: Tensor) -> Tensor:
 
 
 def grad_var_first(gp: GradientGP, C: Tensor) -> Tensor:
-    """Sigma_grad(c)[0, 0], the variance of df/dx_1: the official code's active-query score (A4)."""
+    """Sigma_grad(c)[0, 0], the variance of df/dx_1: the official code's active-query score."""
     Cc = C - gp.center
     k = se_gram(Cc, gp.X, gp.lengthscale, gp.outputscale)
     j = -k * (Cc[:, :1] - gp.X[:, 0][None]) / gp.lengthscale**2

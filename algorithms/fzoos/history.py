@@ -32,7 +32,7 @@ class History:
         self.n += k
 
     def nearest(self, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """The (at most) k points nearest to x in Euclidean distance, with their values (A10)."""
+        """The (at most) k points nearest to x in Euclidean distance, with their values (the official code's windows)."""
         X, y = self.X[: self.n], self.y[: self.n]
         if self.n <= k:
             return X, y

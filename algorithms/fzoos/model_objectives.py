@@ -8,7 +8,7 @@
   minus the best other logit) of client i's own model, trained on its class-skewed rows. The
   image is the k-th held-out image (in a seeded order) with a positive mean margin at zero
   perturbation (the official code's criterion: with class-skewed clients few images are
-  classified correctly by every model); the attack succeeds when F = mean margin < 0 (A21).
+  classified correctly by every model); the attack succeeds when F = mean margin < 0 (the official code's criterion).
 
 Every process builds the same objective: models are trained full-batch, in float64, on one
 thread, from seeded initial parameters.
@@ -108,7 +108,7 @@ def macro_scores(pred: Tensor, y: Tensor, num_classes: int, metric: str) -> Tens
 
 
 class MetricObjective(Objective):
-    """Federated non-differentiable metric optimisation (§5.3): minimise 1 - metric of theta* + r(2u - 1)."""
+    """Federated non-differentiable metric optimisation (Sec. 6.3): minimise 1 - metric of theta* + r(2u - 1)."""
 
     def __init__(self, ctx: Context, metric: str, perturbation: float, pretrain_steps: int, pretrain_lr: float):
         self.net = Classifier(ctx)
@@ -131,7 +131,7 @@ class MetricObjective(Objective):
 
 
 class AttackObjective(Objective):
-    """Federated black-box adversarial attack (§5.2): minimise the mean margin over the client models."""
+    """Federated black-box adversarial attack (Sec. 6.2): minimise the mean margin over the client models."""
 
     def __init__(self, ctx: Context, perturbation: float, image: int, train_steps: int, train_lr: float,
                  start: str):

@@ -2,7 +2,7 @@
 
 Every objective maps a batch of points u (k, d) in float64 to the clients' noiseless values;
 queries add observation noise on the client side. Synthetic objectives (the quadratic of
-§5.1 eq. (98)-(99), heterogeneous Ackley and Levy variants) also give true gradients, which
+Sec. 6.1 eq. (98)-(99), heterogeneous Ackley and Levy variants) also give true gradients, which
 the gradient-quality diagnostics (Fig. 4) need.
 """
 from __future__ import annotations

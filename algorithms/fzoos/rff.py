@@ -46,7 +46,7 @@ def features(rf: RandomFeatures, X: Tensor) -> Tensor:
 
 
 def fit_weights(rf: RandomFeatures, X: Tensor, y: Tensor, noise: float) -> Tensor:
-    """Eq. (6) on min-max-normalised targets, de-normalised by their range (A9): w (M,)."""
+    """Eq. (6) on min-max-normalised targets, de-normalised by their range (as the official code does): w (M,)."""
     yn, span = normalise(y)
     Phi = features(rf, X)
     K = Phi @ Phi.T

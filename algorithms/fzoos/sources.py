@@ -6,7 +6,7 @@
 * `gaussian_mixture`: the stand-in for Covertype in the metric task: `synthetic_classes`
   Gaussian classes in `synthetic_features` dimensions (defaults of the task: 7 and 54).
 * `covtype`: scikit-learn's Covertype, only when it is already in the local scikit-learn data
-  home (never downloaded); standardised features, labels 1..7 mapped to 0..6 (A24).
+  home (never downloaded); standardised features, labels 1..7 mapped to 0..6 (the official code drops class 7).
 """
 from __future__ import annotations
 

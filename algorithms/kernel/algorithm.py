@@ -4,17 +4,17 @@ All clients take part in every round; the server sets f_t = sum_i (n_i/N) f_{i,t
 replies in client-id order whatever order they arrive in (bitwise reproducible, not reducible).
 
 Two exact forms (`form`):
-* `feature` (§2.4, finite-rank kernels `linear`/`monomial`): the model is theta in R^D. FedAvg:
+* `feature` (the experiments' finite-rank kernels `linear`/`monomial`): the model is theta in R^D. FedAvg:
   s steps theta <- theta - eta (Sigma_i theta - b_i); FedProx: theta_i = (I + eta Sigma_i)^{-1}
   (theta + eta b_i), Sigma_i = Phi_i'Phi_i/n_i, b_i = Phi_i'y_i/n_i, kept in the ClientState.
-* `representer` (§2.3, any kernel): the model is f = sum_p alpha_p k(., x_p) over the clients'
-  support points. The broadcast carries the registered supports and alpha (option R-b of §2.6:
-  each client evaluates u_i = f(x_i) itself and caches its cross-Gram rows); a client uploads
+* `representer` (any kernel; (11) as kernel matrices): the model is f = sum_p alpha_p k(., x_p) over the clients'
+  support points. The broadcast carries the registered supports and alpha (so each
+  client evaluates u_i = f(x_i) itself and caches its cross-Gram rows); a client uploads
   beta_i (and, once, its covariates x_i, which the server registers as supports: not private).
   FedAvg: beta = -(eta/n_i) P_ii r_i by s explicit local steps; FedProx: beta = -(eta/n_i)
   (I + eta K_i)^{-1} r_i with K_i = G_ii/n_i.
 
-Minibatch variant (§2.5, `batch_size`): a fixed index-order partition; each batch step is on
+Minibatch variant (Sec. 6.1, `batch_size`): a fixed index-order partition; each batch step is on
 that batch's share of the local risk, normalised by n_i; FedAvg makes s passes, FedProx one
 pass of exact proxes each centred at the running local iterate.
 
@@ -23,10 +23,10 @@ The pure functions below are the math; the classes only wire them into the contr
 
 Targets are responses (n,), or the regression sources' rows [response, f_i*(x)] (n, 2), followed
 by theta_i* for the finite-rank models (n, 2 + D): clients train on the response; the rest is an
-evaluation-only oracle (§2.3). With it, clients report the SSE of the broadcast f_{t-1} against
+evaluation-only oracle. With it, clients report the SSE of the broadcast f_{t-1} against
 f_i* and evaluate() adds ||f_{t-1} - f*||_N^2, the test error against f*, ||theta_t - theta*||
 (feature form, when the test truth is one function of the RKHS) and, for `gain_clients`, the
-federation gain FG_j of §4.3 per round (data-scarce clients included, through the carried theta_j*).
+federation gain FG_j (Def. 1) per round (data-scarce clients included, through the carried theta_j*).
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def prox_factor(G_or_Sigma: np.ndarray, scale: float):
 
 def minibatch_beta(G_ii: np.ndarray, r: np.ndarray, eta: float, method: Method, s: int,
                    batch_size: int | None) -> np.ndarray:
-    """§2.5 in representer form: f = f_{t-1} + beta.k_{x_i}; r = f_{t-1}(x_i) - y_i.
+    """Sec. 6.1's minibatches in representer form: f = f_{t-1} + beta.k_{x_i}; r = f_{t-1}(x_i) - y_i.
 
     FedAvg: s passes of beta_b <- beta_b - (eta/n)(r_b + G_{b,:} beta); FedProx: one pass of
     beta_b <- beta_b - (eta/n)(I + (eta/n) G_bb)^{-1}(r_b + G_{b,:} beta).
@@ -156,7 +156,7 @@ def fedprox_theta(theta: np.ndarray, chol, b: np.ndarray, eta: float) -> np.ndar
 
 def minibatch_theta(theta: np.ndarray, Phi: np.ndarray, y: np.ndarray, eta: float, method: Method, s: int,
                     batch_size: int | None) -> np.ndarray:
-    """§2.5 in feature form: FedAvg s passes of theta <- theta - (eta/n) Phi_b'(Phi_b theta - y_b);
+    """Sec. 6.1's minibatches in feature form: FedAvg s passes of theta <- theta - (eta/n) Phi_b'(Phi_b theta - y_b);
     FedProx one pass of theta <- (I + (eta/n) Phi_b'Phi_b)^{-1}(theta + (eta/n) Phi_b'y_b)."""
     n = len(y)
     D = Phi.shape[1]
@@ -172,7 +172,7 @@ def minibatch_theta(theta: np.ndarray, Phi: np.ndarray, y: np.ndarray, eta: floa
 
 
 def preconditioner(Sigma: np.ndarray, eta: float, method: Method, s: int = 1) -> np.ndarray:
-    """C_i of §2.4: eta sum_{tau<s} (I - eta Sigma)^tau, or eta (I + eta Sigma)^{-1}."""
+    """C_i of the feature form: eta sum_{tau<s} (I - eta Sigma)^tau, or eta (I + eta Sigma)^{-1}."""
     return eta * local_P(Sigma, eta, method, s)
 
 
@@ -202,7 +202,7 @@ def fixed_point(Sigmas, bs, weights, eta: float, method: Method, s: int = 1) -> 
 
 def expected_prediction_error(G: np.ndarray, sizes, truth: np.ndarray, sigma: float, eta: float, method: Method,
                               s: int, rounds) -> np.ndarray:
-    """E_xi ||f_t - f*||_N^2 from f_0 = 0 at each t in `rounds`, exactly (spec §5.6): with L = I - eta K_x P,
+    """E_xi ||f_t - f*||_N^2 from f_0 = 0 at each t in `rounds`, exactly (README, general kernel): with L = I - eta K_x P,
     f_t(x) - f*(x) = -L^t f*(x) + (I - L^t) xi, so the error is (||L^t f*||^2 + sigma^2 ||I - L^t||_F^2)/N.
     K_x P is similar to the symmetric S = P^1/2 K_x P^1/2 = U diag(lam) U', so L^t = V diag((1 - eta lam)^t) W
     with V = P^-1/2 U, W = U' P^1/2."""
@@ -243,7 +243,7 @@ def truth_coefficients(Phi: np.ndarray, truth: np.ndarray, rtol: float = 1e-9) -
 # ----------------------------------------------------------------------------- contract
 
 class KernelFedAvgParams(BaseModel):
-    """Kernel FedAvg: s local full-batch (or §2.5 minibatch) functional GD steps of step eta."""
+    """Kernel FedAvg: s local full-batch (or Sec. 6.1 minibatch) functional GD steps of step eta."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -449,7 +449,7 @@ class KernelFedAvg(Algorithm):
         return FeatureState(np.zeros(D), gains=self._gain_references())
 
     def _gain_references(self) -> tuple:
-        """Server-side evaluation data for FG_j (§4.3): client j's rows from the training file."""
+        """Server-side evaluation data for FG_j (Definition 1): client j's rows from the training file."""
         if not self.params.gain_clients:
             return ()
         from raysim.data import read_clients
@@ -612,7 +612,7 @@ class KernelFedAvg(Algorithm):
         return out
 
     def _coefficient_metrics(self, state: FeatureState, data: EvalData) -> dict[str, float]:
-        """||theta_t - theta*|| when the test truth is one function of the RKHS, and FG_j of §4.3 with
+        """||theta_t - theta*|| when the test truth is one function of the RKHS, and the empirical FG_j with
         theta_j* from client j's rows (`truth_theta`) or, failing that, the test truth if it fits them."""
         star = None if data.test_x is None else truth_theta(self.kernel.features(data.test_x), data.test_y)
         out = {} if star is None else {"coef_error": float(np.linalg.norm(state.theta - star))}

@@ -1,7 +1,7 @@
 """Federation gain (the kernel FedAvg/FedProx paper): empirical per-client gain and the
 theoretical lower bounds of Theorems 5 and 6.
 
-Empirical (§4.3): FG_j = ||theta_loc_j - theta_j*|| / ||theta_FL - theta_j*||, a ratio of
+Empirical (Def. 1, Figs 4-5): FG_j = ||theta_loc_j - theta_j*|| / ||theta_FL - theta_j*||, a ratio of
 unsquared l2 (= RKHS) errors, where theta_loc_j = pinv(Phi_j) y_j is client j's min-norm least
 squares and theta_FL the converged federated model (`fixed_point` of the algorithm family).
 The threshold FG = 1 is the same for the squared ratio (`squared=True`).
@@ -35,7 +35,7 @@ def federation_gains(Phis, ys, theta_fl: np.ndarray, theta_stars, squared: bool 
 
 
 def local_risk_gaussian(theta_star: np.ndarray, n: int, sigma: float) -> float:
-    """E||pinv(X) y - theta*||^2 for X of n i.i.d. N(0, I_d) rows and N(0, sigma^2) noise (spec §5.2):
+    """E||pinv(X) y - theta*||^2 for X of n i.i.d. N(0, I_d) rows and N(0, sigma^2) noise (Sec. 6.2's set-up):
     (1 - n/d)||theta*||^2 + sigma^2 n/(d - n - 1) for n < d - 1 (the min-norm solution misses the part
     of theta* off a uniformly random n-dim row space; the noise term is E tr((X X')^-1)), and
     sigma^2 d/(n - d - 1) for n > d + 1 (OLS)."""
@@ -51,7 +51,7 @@ def gain_gaussian(theta_stars: np.ndarray, sizes, j: int, sigma: float) -> float
     """Closed-form FG_j of the Fig. 4 model (Gaussian covariates, truths theta_i*): sqrt(local_risk_gaussian /
     (||sum_i w_i theta_i* - theta_j*||^2 + sigma^2 d/(N - d - 1))), w_i = n_i/N. The denominator is the
     pooled-OLS (FedAvg s = 1) risk, exact in expectation at Gamma = 0; for Gamma > 0 it replaces the
-    matrix-weighted average of the truths (§2.4) by the sample-weighted one."""
+    matrix-weighted average of the truths (Thm 4's limit) by the sample-weighted one."""
     sizes = np.asarray(sizes, dtype=np.float64)
     N, d = float(sizes.sum()), theta_stars.shape[1]
     gap = (sizes / N) @ theta_stars - theta_stars[j]

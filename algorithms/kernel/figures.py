@@ -3,14 +3,14 @@
 Run: python -m raysim.algorithms.kernel.figures FIGURE [--out DIR] [--trials T]
 (FIGURE: fig1 fig2 fig3 fig4 fig5 fig6 general)
 
-* fig1, fig2, fig3, general (§5.6, Sobolev kernel): real runs through `raysim.run` of
+* fig1, fig2, fig3, general (README, Sobolev kernel): real runs through `raysim.run` of
   configs/kernel/kernel_fig1.yaml, kernel_fig2.yaml (full batch and B = 20/50/100; Fig. 2 plots the
   gradient norm of these runs, Fig. 3 the estimation error), kernel_general.yaml, one run per
   algorithm (FedAvg s = 1, 5, 10 and FedProx); figures of gradient norm and errors vs round.
-* fig4, fig5, fig6: sweeps with converged models (the closed-form fixed point, spec §7.3: finite
+* fig4, fig5, fig6: sweeps with converged models (the closed-form fixed point, README: finite
   horizons break the paper's "identical across algorithms"), over data drawn by the generators of
   algorithms/kernel/sources.py with the parameters of configs/kernel/kernel_fig4/5/6.yaml, fresh per
-  trial; Fig. 4 also draws the closed-form FG of §5.2.
+  trial; Fig. 4 also draws the closed-form FG of the README.
 Each writes its table (Parquet) and PNG(s) under DIR (default runs/kernel_figures/FIGURE).
 """
 from __future__ import annotations
@@ -122,7 +122,7 @@ def batch_panel(B: int | None) -> str:
 
 
 def minibatch_series(out: Path) -> dict[str, dict[str, pd.DataFrame]]:
-    """Figs 2-3: the Fig. 1 runs with full local batches and with B = 20, 50, 100 (§2.5 semantics);
+    """Figs 2-3: the Fig. 1 runs with full local batches and with B = 20, 50, 100 (Sec. 6.1);
     {panel: {algorithm: rounds table}}."""
     config = CONFIGS / "kernel_fig2.yaml"
     with ray_session(config):
@@ -132,7 +132,7 @@ def minibatch_series(out: Path) -> dict[str, dict[str, pd.DataFrame]]:
 
 
 def summarise_minibatch(panels: dict[str, dict[str, pd.DataFrame]]) -> pd.DataFrame:
-    """summarise_rounds per panel, with each minibatch plateau and final error relative to full batch (§6.14)."""
+    """summarise_rounds per panel, with each minibatch plateau and final error relative to full batch (Figs 2-3)."""
     summary = pd.concat([summarise_rounds(tables).assign(panel=panel) for panel, tables in panels.items()],
                         ignore_index=True)
     full = summary[summary["panel"] == batch_panel(None)].set_index("series")
@@ -162,7 +162,7 @@ def fig3(out: Path, **_) -> list[Path]:
 
 
 def general(out: Path, **_) -> list[Path]:
-    """§5.6: Sobolev kernel, representer form; real runs, with the exact expected error curve."""
+    """The README's general kernel: Sobolev kernel, representer form; real runs, with the exact expected error curve."""
     config = CONFIGS / "kernel_general.yaml"
     algorithms = {k: v for k, v in ALGORITHMS.items() if k != "FedAvg s=10"}
     tables = run_series(config, out, algorithms=algorithms)
@@ -176,7 +176,7 @@ def general(out: Path, **_) -> list[Path]:
         expected = expected_prediction_error(G, sizes, truth, p.noise, params.eta, method, s, ts)
         tables[f"{label}: exact E (other draw)"] = pd.DataFrame({"round": ts + 1, "pred_error_prev": expected})
     write_frame(summarise_rounds(tables), out / "general.parquet")
-    return [plot_series(tables, ROUND_METRICS[2:3], out / "kernel_general.png", "§5.6: Sobolev kernel, 1/t and early stopping")]
+    return [plot_series(tables, ROUND_METRICS[2:3], out / "kernel_general.png", "General kernel: Sobolev, 1/t and early stopping")]
 
 
 # ----------------------------------------------------------------------------- closed-form sweeps
@@ -213,7 +213,7 @@ def gain_rows(data, solve: dict, pick: tuple[int, int], extra: dict) -> list[dic
 
 
 def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trials: int = 20) -> pd.DataFrame:
-    """FG vs Gamma (§5.2), with the client's closed-form FG (`gain_gaussian`) beside each value; the same
+    """FG vs Gamma (Fig. 4), with the client's closed-form FG (`gain_gaussian`) beside each value; the same
     draws at every Gamma within a trial (common random numbers)."""
     cfg, p, params = _setup(config)
     eta = params.eta
@@ -235,7 +235,7 @@ def fig4_table(config: Path = CONFIGS / "kernel_fig4.yaml", gammas=GAMMAS, trial
 
 
 def fg_crossing(x: np.ndarray, fg: np.ndarray) -> float:
-    """Where a decreasing mean-FG curve first falls below the break-even FG = 1 (§6.15): linear
+    """Where a decreasing mean-FG curve first falls below the break-even FG = 1 (Fig. 4): linear
     interpolation between the two grid points around it; nan if it never does."""
     below = np.flatnonzero(fg < 1.0)
     if len(below) == 0:
@@ -262,7 +262,7 @@ def fig4_crossings(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def fig5_table(config: Path = CONFIGS / "kernel_fig5.yaml", ranks=RANKS, trials: int = 20) -> pd.DataFrame:
-    """FG vs the covariate-subspace rank r (§5.4), step proportional to r (Cor. 2): the config's eta at its rank."""
+    """FG vs the covariate-subspace rank r (Fig. 5), step proportional to r (Cor. 2): the config's eta at its rank."""
     cfg, p, params = _setup(config)
     eta = params.eta / (p.rank or p.dim)
     sizes = client_sizes(p.sizes, cfg.data.num_clients)
@@ -283,7 +283,7 @@ def l2_gram(degree: int) -> np.ndarray:
 
 
 def fig6_table(config: Path = CONFIGS / "kernel_fig6.yaml", per_client=range(1, 11), trials: int = 500) -> pd.DataFrame:
-    """Mean over trials of int |f_hat - U_5|^2 dx of each converged model, for n_i = 1..10 (§5.5)."""
+    """Mean over trials of int |f_hat - U_5|^2 dx of each converged model, for n_i = 1..10 (Sec. 6.4, Fig. 6)."""
     cfg, p, params = _setup(config)
     M, kernel = cfg.data.num_clients, Monomial(params.degree)
     H = l2_gram(params.degree)

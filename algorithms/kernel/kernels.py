@@ -10,9 +10,9 @@ k(x, z) = features(x) @ features(z).T exactly, and `dim`. Inputs are arrays of s
   (the paper's Sec. 6.4; not gpytorch's (x.z + c)^k, which weights monomials binomially).
 * `RBF(lengthscale, variance)`: variance * exp(-|x-z|^2 / (2 l^2)).
 * `Matern(nu, lengthscale, variance)`, nu in {1/2, 3/2, 5/2}.
-* `Sobolev1()`: min(x, z) on [0, 1] (first-order Sobolev space with f(0) = 0; spec §5.6).
+* `Sobolev1()`: min(x, z) on [0, 1] (first-order Sobolev space with f(0) = 0; the README's general kernel).
 * `GPyTorch(name, ...)`: gpytorch's RBF or Matérn (times a ScaleKernel) as an optional Gram
-  provider (spec §7.1): hyperparameters set explicitly and frozen, evaluated in float64 under
+  provider: hyperparameters set explicitly and frozen, evaluated in float64 under
   no_grad and materialised with `to_dense()`, so no approximate (CG/Lanczos) solve is involved.
 """
 from __future__ import annotations

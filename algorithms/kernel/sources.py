@@ -7,8 +7,8 @@ finite-rank models, the truth coefficients theta_i*. The figure sweeps call thes
 As registered data sources (natural partitions: client i is the paper's client i, unbalanced
 sizes `data.options.sizes` cycled over the clients) the targets are float64 rows
 y = [response, f_i*(x)], followed for the finite-rank models by the D truth coefficients theta_i*
-of the row's client: clients train on the response only; the rest is the evaluation-only oracle
-of §2.3, so evaluate() measures errors against f* without noise, and the federation gain of a
+of the row's client: clients train on the response only; the rest is the evaluation-only oracle,
+so evaluate() measures errors against f* without noise, and the federation gain of a
 data-scarce client (n_j < D, whose n_j truth values cannot pin theta_j* down) is defined. Each
 client draws extra rows so that after the natural holdout (floor(test_fraction * rows) of each
 client go to the server's test set) exactly sizes[i] training samples remain; the test rows are
@@ -75,7 +75,7 @@ def _noisy(truth: list[np.ndarray], sigma: float, rng: np.random.Generator) -> l
 
 def heterogeneous_truths(theta: np.ndarray, num_clients: int, gamma: float, kind: str,
                          rng: np.random.Generator) -> np.ndarray:
-    """theta_i* around theta* (§5.2). exact: theta* + delta_i, delta_i ~ N(0, I) rescaled so that
+    """theta_i* around theta* (Sec. 6.2). exact: theta* + delta_i, delta_i ~ N(0, I) rescaled so that
     max_ij ||delta_i - delta_j|| = Gamma; radius: theta* + Gamma u_i, u_i uniform on the sphere."""
     d = len(theta)
     delta = rng.standard_normal((num_clients, d))
@@ -132,7 +132,7 @@ def polynomial_model(sizes, sigma: float, grid: str, rng: np.random.Generator) -
 
 
 def sobolev_model(sizes, sigma: float, rng: np.random.Generator) -> RegressionData:
-    """§5.6 (general kernel): f* = sin(pi x); client i's covariates uniform on [i/M, (i+1)/M]."""
+    """The README's general kernel: f* = sin(pi x); client i's covariates uniform on [i/M, (i+1)/M]."""
     M = len(sizes)
     x = [rng.uniform(i / M, (i + 1) / M, n)[:, None] for i, n in enumerate(sizes)]
     truth = [np.sin(np.pi * xi[:, 0]) for xi in x]
@@ -202,6 +202,6 @@ def polynomial_regression(cfg: DataConfig, seed: int) -> Source:
 
 @register_source("sobolev_regression", natural=True, options=RegressionOptions)
 def sobolev_regression(cfg: DataConfig, seed: int) -> Source:
-    """sin(pi x) on [0, 1] for the Sobolev-1 kernel min(x, z) (§5.6, general kernel)."""
+    """sin(pi x) on [0, 1] for the Sobolev-1 kernel min(x, z) (the README's general kernel)."""
     p = _params(cfg)
     return _as_source(sobolev_model(_rows(cfg), p.noise, _rng(cfg, seed)))

@@ -1,17 +1,17 @@
 """IterativeSketchingFL (Algorithm 1) and its private form (Algorithm 2), the sketching paper
 
-Round t, all N clients (full participation, spec §2.6):
+Round t, all N clients (full participation, as in the paper):
   client   u ← w + R_{t-1}ᵀ Δw̃^{t-1}     (de-sketch last round's broadcast into the local replica)
            K local GD steps u ← u − η_local (∇f_c(u) [+ ξ]),  Δw_c = u_K − u_0
            upload R_t Δw_c                 (b numbers; Cost.upload_vectors = b/d of a model vector)
   server   Δw̃^t = η_global · Σ_c ω_c R_t Δw_c / Σ_c ω_c  (b numbers, broadcast next round)
-The same R_t encodes round t's uploads and decodes Δw̃^t (spec §8.1): it is rebuilt by everyone
+The same R_t encodes round t's uploads and decodes Δw̃^t (Alg. 1, line 9): it is rebuilt by everyone
 from (seed, t) with `raysim.algorithms.sketching.sketch.make_sketch`, never sent. The server keeps an evaluation
 replica updated by the same code as the clients' (not counted as communication), so its model
 after round T is w^{T+1}. With `dp:` each local gradient is the mean of per-example gradients
-clipped to C plus fresh N(0, σ²I) noise per (client, round, step), σ from Lemma H.7 (§5.5) with the
+clipped to C plus fresh N(0, σ²I) noise per (client, round, step), σ from Lemma H.7 (README) with the
 Δ₂ of that batch's actual size (under `batch_mean`, 2C/B' for a pass's short last batch of B' < B).
-With K = 1 and full-batch gradients the method is sketched GD, w ← w − η_g η_l R_tᵀR_t ∇f(w) (§2.3).
+With K = 1 and full-batch gradients the method is sketched GD, w ← w − η_g η_l R_tᵀR_t ∇f(w) (App. E).
 """
 from __future__ import annotations
 

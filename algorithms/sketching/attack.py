@@ -1,6 +1,6 @@
 """Gradient-leakage attack on a client's sketched upload (the sketching paper).
 
-Threat model (§4.1): the attacker has hijacked one client of Algorithm 1 with K = 1. It knows the
+Threat model (Sec. 7.1): the attacker has hijacked one client of Algorithm 1 with K = 1. It knows the
 global model w^t, the shared sketch R_t (from the seed and round, as every client does), the
 public step size η_local, the public model (a gradient oracle x ↦ ∇_w F(w, x) it can
 differentiate through), and one client's upload R_t Δw_c = −η_local R_t ∇_w F(w, x̃). It runs
@@ -10,7 +10,7 @@ The attacker side is `ThreatView` + `reconstruct`: a view holds exactly the gran
 `reconstruct` receives nothing else, so it cannot reach the client's data. The victim side
 (`client_upload`) and the experiment driver (`run_attack`, `raysim attack CONFIG`) sit below it.
 Optimisers: `gd`, the paper's plain gradient descent (Armijo backtracking); `lm`, Levenberg-
-Marquardt on the residual, a stronger attacker (§8.14).
+Marquardt on the residual, a stronger attacker (README).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ F64 = torch.float64
 
 
 class LinearToy:
-    """∇_w F(w, x) = A x + c with A ∈ R^{d×m} of full column rank (§4.6): exact recovery iff rank(RA) = m."""
+    """∇_w F(w, x) = A x + c with A ∈ R^{d×m} of full column rank (README): exact recovery iff rank(RA) = m."""
 
     def __init__(self, A: torch.Tensor, c: torch.Tensor):
         self.A, self.c = A, c
@@ -49,7 +49,7 @@ class LinearToy:
 
 
 class TanhMLP:
-    """F(x; W, c, v) = ½(vᵀ tanh(W x + c) − y)² with a known label y (§4.6): d = h m + 2h."""
+    """F(x; W, c, v) = ½(vᵀ tanh(W x + c) − y)² with a known label y (README): d = h m + 2h."""
 
     def __init__(self, input_dim: int, hidden: int, label: float = 1.0):
         self.input_dim, self.hidden, self.label = input_dim, hidden, label
@@ -82,7 +82,7 @@ class SketchKey:
 
 @dataclass(frozen=True)
 class ThreatView:
-    """Everything the threat model grants the attacker (§4.1), and nothing else."""
+    """Everything the threat model grants the attacker (Sec. 7.1), and nothing else."""
 
     model: LinearToy | TanhMLP  # the public architecture: a differentiable gradient oracle
     params: torch.Tensor  # the global model w^t
@@ -137,7 +137,7 @@ def _lm(res, x0: torch.Tensor, iters: int, tol: float) -> torch.Tensor:
     """Levenberg's damped Gauss-Newton on the residual: solve (JᵀJ + λI) δ = −Jᵀr, adapting λ.
 
     Steps stay in the row space of J, so on the linear toy with b < m it converges, like GD, to the
-    zero of L_R nearest x0 (§4.6's closed form); λ > 0 keeps the step defined when JᵀJ is singular.
+    zero of L_R nearest x0 (the toy's closed form); λ > 0 keeps the step defined when JᵀJ is singular.
     """
     jac = jacrev(res)
     x, lam = x0, 1e-3
@@ -162,7 +162,7 @@ def _lm(res, x0: torch.Tensor, iters: int, tol: float) -> torch.Tensor:
 
 def reconstruct(view: ThreatView, rng: np.random.Generator, optimizer: Literal["gd", "lm"] = "gd", restarts: int = 3,
                 iters: int = 5000, tol: float = 1e-28) -> Reconstruction:
-    """Sketch-and-solve gradient matching (§4.1): from random x0 ~ N(0, I_m), keep the restart with the lowest L_R."""
+    """Sketch-and-solve gradient matching (Sec. 7.1): from random x0 ~ N(0, I_m), keep the restart with the lowest L_R."""
     res = _residual(view)
     best: Reconstruction | None = None
     for _ in range(restarts):
@@ -191,7 +191,7 @@ def client_upload(model: LinearToy | TanhMLP, params: torch.Tensor, x: torch.Ten
 
 
 class AttackModelConfig(BaseModel):
-    """The attacked model: the §4.6 tanh MLP (d = h m + 2h) or the linear-gradient toy (d = param_dim)."""
+    """The attacked model: the README's tanh MLP (d = h m + 2h) or the linear-gradient toy (d = param_dim)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -237,7 +237,7 @@ def attack_trial(cfg: AttackConfig, b: int, epsilon: float | None, trial: int) -
     """One victim (w ~ N(0, I/m), x̃ ~ N(0, I_m)), its upload, the attack, and the relative error ‖x̂ − x̃‖/‖x̃‖.
 
     Under DP the victim adds ξ ~ N(0, σ²I) with σ from Lemma H.7, Δ₂ = 2C and C = ‖g‖ (oracle
-    clipping, the most attacker-friendly choice, §4.6).
+    clipping, the most attacker-friendly choice).
     """
     rng = stream(cfg.seed, trial, 0, "attack_victim")
     model = make_model(cfg.model, rng)

@@ -1,7 +1,7 @@
 """Differential privacy for PrivateIterativeSketchingFL (Algorithm 2; the sketching paper).
 
 Calibration: the Gaussian mechanism of Lemma H.7, σ = sqrt(2 ln(1.25/δ̂)) Δ₂ / ε̂, with Δ₂ = 2C
-for per-example clipping at C under replace-one adjacency (§5.5, §8.10). Accountants over the
+for per-example clipping at C under replace-one adjacency (README). Accountants over the
 T·K noisy steps a client runs (clients hold disjoint data, so parallel composition H.2 makes the
 per-client figure the run's figure; sketching and averaging are post-processing, H.5):
   * `paper_composition`: Theorem 6.2 as stated in the paper, (√(TK) ε̂, TK δ̂);
@@ -45,12 +45,12 @@ def clip_per_example(grads: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def paper_composition(eps_step: float, delta_step: float, steps: int) -> tuple[float, float]:
-    """Theorem 6.2 as stated in the paper: (√(TK) ε̂, TK δ̂), with `steps` = TK (not rigorous, spec §8.12)."""
+    """Theorem 6.2 as stated in the paper: (√(TK) ε̂, TK δ̂), with `steps` = TK (not rigorous, README)."""
     return math.sqrt(steps) * eps_step, steps * delta_step
 
 
 def advanced_composition(eps_step: float, delta_step: float, steps: int, delta_prime: float) -> tuple[float, float]:
-    """Lemma H.3 over k = `steps` mechanisms: (sqrt(2k ln(1/δ')) ε̂ + 2k ε̂², δ' + k δ̂) (spec §5.5)."""
+    """Lemma H.3 over k = `steps` mechanisms: (sqrt(2k ln(1/δ')) ε̂ + 2k ε̂², δ' + k δ̂) (README)."""
     return (math.sqrt(2.0 * steps * math.log(1.0 / delta_prime)) * eps_step + 2.0 * steps * eps_step**2,
             delta_prime + steps * delta_step)
 

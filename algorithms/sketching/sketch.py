@@ -5,7 +5,7 @@ server's evaluation replica build the same R_t from the shared seed, so no matri
 Each operator is matrix-free: `sk(x) = R x` maps [..., d] -> [..., b], `desk(y) = Rᵀ y` maps
 [..., b] -> [..., d] (both torch, differentiable, batched over leading dims); `.matrix()` is the
 dense R for tests. Hashes are fully random draws from the seeded stream, which satisfies the
-2-/4-wise independence the paper asks for (spec §8.7).
+2-/4-wise independence the paper asks for (Defs. D.4-D.7).
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def next_pow2(d: int) -> int:
 
 def srht_second_moment(b: int, d: int) -> float:
     """c_R of the zero-padded SRHT R = sqrt(d'/b) S H D P (P pads R^d with zeros to d' = next_pow2(d)):
-    d/b + (b−1)(d'−d)/(b(d'−1)); the spec's d'/b (§7 A6) holds only for d = d'. Derivation in the README."""
+    d/b + (b−1)(d'−d)/(b(d'−1)); the naive d'/b holds only for d = d'. Derivation in the README."""
     dp = next_pow2(d)
     return d / b + (b - 1) * (dp - d) / (b * (dp - 1)) if dp > d else d / b
 
 
 def second_moment(kind: str, b: int, d: int) -> float:
-    """Exact c_R = E‖RᵀR v‖² / ‖v‖² for every v (spec §2.5 table; SRHT corrected for zero padding)."""
+    """Exact c_R = E‖RᵀR v‖² / ‖v‖² for every v (README; SRHT corrected for zero padding)."""
     exact = {"none": 1.0, "gaussian": 1 + (d + 1) / b, "srht": srht_second_moment(b, d), "ams": 1 + (d - 1) / b,
              "countsketch": 1 + (d - 1) / b, "sparse_i": 1 + (d - 1) / b, "sparse_ii": 1 + (d - 1) / b,
              "uniform": d / b}
@@ -139,7 +139,7 @@ class ColumnSparse(Sketch):
 
 
 class SRHT(Sketch):
-    """R = sqrt(d'/b) S H D on x zero-padded to d' = 2^⌈log2 d⌉ (Def. D.3, spec §8.8); O(d' log d')."""
+    """R = sqrt(d'/b) S H D on x zero-padded to d' = 2^⌈log2 d⌉ (Def. D.3; the padding: README); O(d' log d')."""
 
     kind = "srht"
 

@@ -100,7 +100,7 @@ class DataConfig(BaseModel):
         return None if model is None else model(**self.options)
 
     def split_seed(self, seed: int) -> int:
-        """The seed of the data: `partition_seed` when set (spec fedfisher §8.12 fixes it at 3), else the experiment's."""
+        """The seed of the data: `partition_seed` when set (the FedFisher paper's code uses 3), else the experiment's."""
         return seed if self.partition_seed is None else self.partition_seed
 
     @model_validator(mode="after")

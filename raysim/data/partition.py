@@ -210,7 +210,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: n
 
 @register_partitioner("dirichlet_classes")
 def dirichlet_classes(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> np.ndarray:
-    """The FedFisher code's Dirichlet split (spec §5.1): each client draws class proportions
+    """The FedFisher code's Dirichlet split (the FedFisher paper Sec. 5.1): each client draws class proportions
     q_i ~ Dir(alpha 1_C); class k goes to client i in proportion q_ik / Σ_j q_jk. Redrawn (up to
     DIRICHLET_TRIES times) while some client has fewer than min_size samples. With `numpy_seed` the draws come
     from np.random.RandomState(numpy_seed) in the code's order: its split under np.random.seed(numpy_seed)."""

@@ -27,7 +27,7 @@ def _max_survival(y: float, b: int, k: int) -> float:
 
 
 def expected_max_erlang(b: int, k: int, rate: float = 1.0) -> float:
-    """E[max of k i.i.d. Erlang(b, rate)] = integral_0^inf 1 - F(y)^k dy (§2.5), by quadrature.
+    """E[max of k i.i.d. Erlang(b, rate)] = integral_0^inf 1 - F(y)^k dy (the FedLRGD paper's (19)), by quadrature.
 
     The range is split at quantiles of the maximum itself, F^{-1}(u^{1/k}), so that the drop of
     the integrand from 1 to 0 is resolved for any b and k.
@@ -59,7 +59,7 @@ def prop2_bounds(b: int, q: float) -> tuple[float, float]:
 
 
 def explicit_queue_bound(k: int, nu: float) -> float:
-    """Upper bound k + 1/(nu-1) on the mean time for k uploads to drain an empty M/M/1 queue (§2.5)."""
+    """Upper bound k + 1/(nu-1) on the mean time for k uploads to drain an empty M/M/1 queue (cf. FedLRGD Sec. II-D2)."""
     if nu <= 1:
         raise ValueError(f"the M/M/1 queue is unstable unless nu > 1, got nu={nu}")
     return k + 1.0 / (nu - 1.0)

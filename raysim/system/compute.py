@@ -43,8 +43,8 @@ def compute_time(
     speed: float | np.ndarray = 1.0,
     fixed: bool = False,
 ) -> float | np.ndarray:
-    """Time of `calls` oracle calls: (calls*shift + Gamma(calls, 1/rate)) / speed (§2.1, (20)); with `fixed`, its
-    mean calls*(shift + 1/rate) / speed.
+    """Time of `calls` oracle calls: (calls*shift + Gamma(calls, 1/rate)) / speed (the FedLRGD paper's (20));
+    with `fixed`, its mean calls*(shift + 1/rate) / speed.
 
     The Gamma draw is the quantile of a uniform: `rng` is a Generator (fresh uniforms) or the
     uniforms themselves. Exactly 0.0 for zero calls; an array of call counts gives an array of

@@ -80,7 +80,7 @@ class SystemModel:
 
     def client_compute_times(self, round: int, clients: list[int] | np.ndarray, costs: Costs | list[Cost],
                              uniforms: np.ndarray | None = None) -> np.ndarray:
-        """The clients' compute times b*shift + Erlang(b, rate) over their speed factors (§2.1).
+        """The clients' compute times b*shift + Erlang(b, rate) over their speed factors (FedLRGD Sec. II-D1).
 
         Client c's Erlang draw is the quantile of the c-th uniform of the round's stream (only the prefix
         up to the largest id is drawn), so it does not depend on which clients share its actor, and a

@@ -1,6 +1,6 @@
 """The Gamma(k, 1) quantile for integer shapes k up to TABLE_SHAPES, interpolated from a table per shape.
 
-A round's compute times are one Gamma quantile per client (the FedLRGD paper's delayed-Poisson model, §2.1).
+A round's compute times are one Gamma quantile per client (the FedLRGD paper's delayed-Poisson model, Sec. II-D1).
 scipy's `gammaincinv` solves each element alone, about a microsecond at the shapes local training gives (5 steps
 of batch 5 are 25 calls): more than the rest of a client's bookkeeping. A solver made of many small array
 operations does no better inside a shard, whose threads share the GIL. Here the quantile as a function of

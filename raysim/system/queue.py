@@ -41,8 +41,8 @@ def burke_completions(sizes: np.ndarray, phi: float, rng: np.random.Generator) -
 def explicit_completions(
     sizes: np.ndarray, phi: float, nu: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """Explicit FIFO M/M/1 from empty (§2.6): Poisson(1) arrivals in random client order,
-    service Gamma(size_c, 1/nu), departures by the Lindley recursion, all scaled by phi."""
+    """Explicit FIFO M/M/1 from empty (the FedLRGD paper's Sec. II-D2 queue): Poisson(1) arrivals in random
+    client order, service Gamma(size_c, 1/nu), departures by the Lindley recursion, all scaled by phi."""
     s, order = _uploaders(sizes, rng)
     arrivals = np.cumsum(rng.exponential(1.0, order.size))
     out = np.zeros_like(s)
@@ -52,7 +52,7 @@ def explicit_completions(
 
 def mm1_sojourn_times(n: int, nu: float, rng: np.random.Generator) -> np.ndarray:
     """Sojourn times (wait + service) of the first n customers of an M/M/1 queue (rate 1, nu)
-    from empty; in steady state they are Exp(nu - 1), mean 1/(nu - 1) (§2.2)."""
+    from empty; in steady state they are Exp(nu - 1), mean 1/(nu - 1) (Sec. II-D2)."""
     arrivals = np.cumsum(rng.exponential(1.0, n))
     return _fifo_departures(arrivals, rng.exponential(1.0 / nu, n)) - arrivals
 

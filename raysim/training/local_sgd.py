@@ -6,7 +6,7 @@ client runs local SGD steps θ ← θ − η_k·(∇f_c(θ) + μ(θ − θ_g)) (
 weighted delta Q(θ_c − θ_k) (Q the identity, or FedPAQ's unbiased QSGD quantizer); the server
 applies θ ← θ + server_lr · Σ w_c Q(Δ_c) / Σ w_c. The loss is cross-entropy (class labels or soft
 class distributions), the soft-label logistic loss (66) of a scalar output, or squared error, plus
-(l2/2)‖θ‖² per sample. η_k is constant or FedPAQ's decaying 4/(μ((k + T0) b + 1)) (spec §8.8).
+(l2/2)‖θ‖² per sample. η_k is constant or FedPAQ's decaying 4/(μ((k + T0) b + 1)) (algorithms/fedlrgd/README.md).
 A shard runs its clients at once over stacked parameter vectors (raysim.training.stacked's batched matmuls for
 chains of linear layers, raysim.training.vmapped's vmapped forward for other models); `step` is the per-client
 reference, one client through the same kernels.
@@ -125,7 +125,7 @@ def squared_norm(params: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def qsgd_rows(v: np.ndarray, levels: int, u: np.ndarray) -> np.ndarray:
-    """QSGD's unbiased stochastic quantizer with `levels` = s levels (FedPAQ, the FedLRGD paper §4.1), of every
+    """QSGD's unbiased stochastic quantizer with `levels` = s levels (FedPAQ, ref. [30] of the FedLRGD paper), of every
     row of v [k, d] with uniforms u [k, d]: Q(v)_i = ‖v‖ sign(v_i) ξ_i, ξ_i = (l+1)/s with probability
     s|v_i|/‖v‖ − l, else l/s, l = ⌊s|v_i|/‖v‖⌋; a zero row stays zero."""
     norm = np.sqrt(np.einsum("kd,kd->k", v, v, dtype=np.float64))[:, None]
@@ -161,7 +161,7 @@ class LocalSGDParams(BaseModel):
     loss: LossKind = Field("ce", description="ce (labels or soft classes), bce (soft-label logistic (66)), mse")
     l2: float = Field(0.0, ge=0, description="per-sample regularizer (l2/2)‖θ‖²")
     lr_schedule: Literal["constant", "fedpaq", "fedpaq_capped"] = Field(
-        "constant", description="constant lr; fedpaq 4/(μ((k+T0)b+1)); fedpaq_capped min(1/L1, 4/(μ(kb+1))) (§8.8)")
+        "constant", description="constant lr; fedpaq 4/(μ((k+T0)b+1)); fedpaq_capped min(1/L1, 4/(μ(kb+1)))")
     strong_convexity: float | None = Field(None, gt=0, description="μ of the fedpaq schedules; None: l2")
     L1: float | None = Field(None, gt=0, description="smoothness of the fedpaq schedules (T0 = 4κ, the cap 1/L1)")
     t0: float | None = Field(None, ge=0, description="shift T0 of the fedpaq schedule; None: 4κ = 4 L1/μ")

@@ -54,7 +54,7 @@ def test_deterministic_given_seed(tmp_path):
 
 
 def test_partition_seed_fixes_the_data_across_experiment_seeds(tmp_path):
-    """spec fedfisher §8.12: with data.partition_seed the split is the same for every experiment seed."""
+    """As the FedFisher paper's code does: with data.partition_seed the split is the same for every experiment seed."""
     a = digits(tmp_path / "a", kind="dirichlet", seed=0, partition_seed=3)
     b = digits(tmp_path / "b", kind="dirichlet", seed=7, partition_seed=3)
     c = digits(tmp_path / "c", kind="dirichlet", seed=3)

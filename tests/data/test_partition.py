@@ -133,7 +133,7 @@ def test_dirichlet_classes_orientation_and_heterogeneity():
 
 
 def fedfisher_code_split(y: np.ndarray, n: int, alpha: float, num_c: int) -> np.ndarray:
-    """The FedFisher code's __getDirichletData__ (spec §5.1), transcribed, on numpy's global stream."""
+    """The FedFisher code's __getDirichletData__ (the FedFisher paper Sec. 5.1), transcribed, on numpy's global stream."""
     p_client = np.zeros((n, num_c))
     for i in range(n):
         p_client[i] = np.random.dirichlet(np.repeat(alpha, num_c))

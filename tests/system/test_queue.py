@@ -64,7 +64,7 @@ def test_explicit_matches_lindley_loop():
 def test_explicit_from_empty(nu, spec, spec_se):
     k, reps = 100, 10_000
     exact = expected_explicit_drain(k, nu)
-    # The spec's value is itself Monte Carlo: agree within 4 of its quoted s.e.
+    # The reference value is itself Monte Carlo: agree within 4 of its quoted s.e.
     assert abs(exact - spec) < 4 * spec_se
     assert exact <= explicit_queue_bound(k, nu)
     d = _drains(explicit_completions, np.ones(k), reps, seed=int(nu * 100), phi=1.0, nu=nu)

@@ -1,5 +1,5 @@
 """Fisher information of torch classifiers: the exact diagonal and K-FAC factors (the FedFisher paper) with a
-diagonal for parameters outside Linear/Conv layers (§8.8), and their compression for upload (App. C, §2.5)."""
+diagonal for parameters outside Linear/Conv layers (README), and their compression for upload (App. C)."""
 from raysim.algorithms.fedfisher.fisher.diag import diagonal_fisher
 from raysim.algorithms.fedfisher.fisher.kfac import KFAC, KFACBlock, kfac_fisher
 from raysim.algorithms.fedfisher.fisher.layers import (FisherEstimate, FisherType, Layer, curvature_layers,

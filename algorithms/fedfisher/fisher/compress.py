@@ -22,7 +22,7 @@ PAPER_FACTOR_BITS = 9  # quant_comp 4 -> quantize(A, 8): 255 levels (8 magnitude
 
 
 def quantize(x: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
-    """Q(x) with `bits` bits per entry and one 32-bit scale (spec §2.5, the code's round-to-nearest); (Q(x), bits)."""
+    """Q(x) with `bits` bits per entry and one 32-bit scale (App. C, with the code's round-to-nearest); (Q(x), bits)."""
     x = np.asarray(x, dtype=np.float64)
     scale = np.abs(x).max(initial=0.0)
     levels = 2 ** (bits - 1) - 1
@@ -50,7 +50,7 @@ def low_rank(m: np.ndarray, rank: int, bits: int) -> tuple[np.ndarray, int]:
 
 def paper_rank(kfac: KFAC, d: int) -> int:
     """The code's SVD rank int(2d / Σ_l (2 dim A_l + 2 dim G_l + 2)), which puts the factors at about 16d bits
-    (50 for LeNet, 243 for the CNN; spec §2.5)."""
+    (50 for LeNet, 243 for the CNN; App. C's 16d budget)."""
     return int(2 * d / sum(2 * len(b.A) + 2 * len(b.G) + 2 for b in kfac.blocks))
 
 
@@ -59,7 +59,7 @@ class Compression:
     """How an upload is compressed: `none`; `paper` (App. C as the code runs it: 16-bit weights and diagonal,
     K-FAC factors at the code's rank with 9-bit U, S, V); or `explicit` (16-bit weights, the Fisher quantized to
     ⌊32/s_q⌋ bits and, for s_v > 1, each m x m K-FAC factor kept at rank ⌊m/(2 s_v)⌋; App. C's formulas).
-    K-FAC's diagonal block (parameters outside Linear/Conv layers, §8.8) is quantized per tensor as Diag's Fisher."""
+    K-FAC's diagonal block (parameters outside Linear/Conv layers, README) is quantized per tensor as Diag's Fisher."""
 
     kind: CompressionKind = "none"
     s_q: float = 4.0
@@ -86,7 +86,7 @@ class Compression:
                 (a, ba), (g, bg) = (self.factor(m, self._rank(m, stats, spec)) for m in (b.A, b.G))
                 blocks.append(KFACBlock(b.layer, a, g))
                 bits += ba + bg
-            for name, v in stats.diagonal.items():  # the diagonal fallback (§8.8) as Diag's Fisher: per tensor
+            for name, v in stats.diagonal.items():  # the diagonal fallback (README) as Diag's Fisher: per tensor
                 diagonal[name], bv = quantize(v, self.fisher_bits())
                 bits += bv
             return weights, KFAC(blocks, diagonal), bits

@@ -1,8 +1,8 @@
 """The diagonal of the true Fisher (the FedFisher paper (3)), averaged over the local samples.
 
-[F]_kk = (1/n) sum_x sum_c p_c(x) (d log p_c(x) / dW_k)^2 (or its Monte Carlo / empirical estimate, §8.7).
+[F]_kk = (1/n) sum_x sum_c p_c(x) (d log p_c(x) / dW_k)^2 (eq. (3), or its Monte Carlo / empirical estimate).
 Per layer the per-sample, per-output gradient is sum_t g_t a_t^T; it is squared after the sum over locations t
-(Linear: (g^2)(a^2)^T). Parameters outside Linear/Conv layers join the vector with the same formula (spec §8.8).
+(Linear: (g^2)(a^2)^T). Parameters outside Linear/Conv layers join the vector with the same formula (README).
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 Per Linear/Conv layer: A = sqrt(C)/n sum_x sum_t a_t a_t^T and
 G = 1/(sqrt(C) n) sum_x sum_c (1/|T|) sum_t g_{c,t} g_{c,t}^T, so the layer's Fisher block is
 G ⊗ A in row-major vec order and its product with a layer-shaped V is G V A (nngeometry PMatKFAC).
-With a Monte Carlo or empirical estimate (§8.7) the sum over c runs over its K outputs and sqrt(C) is sqrt(K);
+With a Monte Carlo or empirical estimate of eq. (3) the sum over c runs over its K outputs and sqrt(C) is sqrt(K);
 the sqrt factors cancel in G ⊗ A. Parameters outside Linear/Conv layers get the diagonal true Fisher instead
-(spec §8.8, [added]), as `diagonal_fisher` computes it.
+(not in the paper; README), as `diagonal_fisher` computes it.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class KFAC:
 
     @property
     def floats(self) -> int:
-        """Numbers uploaded: sum over layers of dim(A)^2 + dim(G)^2 (spec §2.4), plus the diagonal's."""
+        """Numbers uploaded: sum over layers of dim(A)^2 + dim(G)^2 (App. C), plus the diagonal's."""
         return sum(b.A.size + b.G.size for b in self.blocks) + sum(v.size for v in self.diagonal.values())
 
     @property

@@ -3,8 +3,8 @@
 For a Linear or Conv layer y = W a (+ b), the gradient of any scalar o w.r.t. W is
 sum over locations of g a^T, with a the layer input (im2col patches for convolutions, a trailing 1
 for the bias) and g = do/dy. One pass captures a with forward hooks and the g of K scalar outputs o_k per sample chosen so
-that sum_k grad o_k grad o_k^T estimates the Fisher at that sample (`FisherEstimate`, spec §8.7).
-Every other parameter (normalization layers, embeddings, free parameters) gets the diagonal fallback of spec §8.8:
+that sum_k grad o_k grad o_k^T estimates the Fisher at that sample (`FisherEstimate`; eq. (3) is exact).
+Every other parameter (normalization layers, embeddings, free parameters) gets the README's diagonal fallback:
 sum_k (d o_k / d theta)^2 per sample, from per-sample gradients (torch.func). The module is in eval mode throughout,
 so BatchNorm uses its running statistics and each sample's gradient is its own.
 """
@@ -24,7 +24,7 @@ FisherType = Literal["true_exact", "true_mc", "empirical"]
 
 @dataclass(frozen=True)
 class FisherEstimate:
-    """Which expectation over y the Fisher takes (spec §8.7), as the K outputs o_k of each sample:
+    """Which expectation over y the Fisher takes (eq. (3): the model's own), as the K outputs o_k of each sample:
     true_exact: o_c = sqrt(p_c) log p_c for all C classes, sqrt(p_c) detached (eq. (3); nngeometry's
     `classif_logits`, the paper code's); true_mc: o_s = log p_{y_s} / sqrt(k) for k labels y_s ~ p(.|x)
     (for k >= C, equivalently and cheaper, o_c = sqrt(k_c/k) log p_c with k_c the draws of c);
@@ -69,7 +69,7 @@ class Layer:
 
 def fisher_partition(module: nn.Module) -> tuple[list[Layer], list[str]]:
     """The Linear/Conv layers of `module` in registration order, and the names of the parameters outside them
-    (they get the diagonal fallback of spec §8.8)."""
+    (they get the README's diagonal fallback)."""
     layers, covered = [], set()
     for name, m in module.named_modules():
         if not isinstance(m, SUPPORTED):

@@ -6,7 +6,7 @@ from numpy.typing import ArrayLike
 
 
 def client_weights(sizes: ArrayLike) -> np.ndarray:
-    """p_i = n_i / sum_k n_k (spec §1.1, the code's weighting)."""
+    """p_i = n_i / sum_k n_k (the paper code's weighting; eq. (1) has equal n)."""
     sizes = np.asarray(sizes, dtype=np.float64)
     if sizes.sum() <= 0:
         raise ValueError("client sizes must sum to a positive number")

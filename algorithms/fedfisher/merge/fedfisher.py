@@ -1,4 +1,4 @@
-"""The FedFisher server problem (the FedFisher paper eq. (6)-(7), §2.6) and its solvers.
+"""The FedFisher server problem (the FedFisher paper eq. (6)-(7), App. D.3) and its solvers.
 
 Φ(W) = ½ Σ_i p_i (W − W_i)^T F_i (W − W_i), ∇Φ(W) = (Σ_i p_i F_i) W − b with b = Σ_i p_i F_i W_i.
 The minimum-distance part of (7) is implicit: the solver starts at W̄ = Σ p_i W_i and stops
@@ -39,8 +39,8 @@ class DiagObjective:
 
 
 class KFACObjective:
-    """Φ for K-FAC Fishers: per layer Σ_i p_i G_i W A_i − B with B = Σ_i p_i G_i W_i A_i (spec §2.6), plus the
-    diagonal blocks of the parameters outside the layers (§8.8) as a `DiagObjective` that is zero on the layers."""
+    """Φ for K-FAC Fishers: per layer Σ_i p_i G_i W A_i − B with B = Σ_i p_i G_i W_i A_i (eq. (6), K-FAC), plus the
+    diagonal blocks of the parameters outside the layers (README) as a `DiagObjective` that is zero on the layers."""
 
     eps_inside_sqrt = True  # the code's K-FAC update: w -= lr m / sqrt(v + eps)
 
@@ -87,7 +87,7 @@ class KFACObjective:
 
 
 class DenseObjective:
-    """Φ for full d x d Fishers (FedFisher(Full), the theory of spec §3; small d only)."""
+    """Φ for full d x d Fishers (FedFisher(Full), the theory of Sec. 3; small d only)."""
 
     eps_inside_sqrt = False
 
@@ -104,7 +104,7 @@ class DenseObjective:
 
 @dataclass
 class ServerOptimizer:
-    """The server's update rule (spec §2.6, §8.2).
+    """The server's update rule (App. D.3's Adam, as the paper's code implements it).
 
     fedfisher_adam: the code's Adam without bias correction or (1 − β) factors, ε outside the sqrt
     for Diag and inside it for K-FAC; adam: torch.optim.Adam's rule; gd: w ← w − lr ∇Φ.
@@ -128,7 +128,7 @@ class SolveResult:
 def solve(objective: DiagObjective | KFACObjective | DenseObjective, w0: np.ndarray, steps: int, opt: ServerOptimizer,
           score: Callable[[np.ndarray], float] | None = None, every: int = 100) -> SolveResult:
     """Run `steps` updates from w0; with `score`, evaluate after steps k ≡ 0 (mod every) and return the
-    best (ties: the earliest), else the last iterate (spec §2.6 model selection)."""
+    best (ties: the earliest), else the last iterate (App. D.3's model selection)."""
     w = torch.as_tensor(w0, dtype=objective.dtype).clone()
     m, v = torch.zeros_like(w), torch.zeros_like(w)
     b1, b2 = opt.betas

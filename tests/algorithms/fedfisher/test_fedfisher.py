@@ -47,8 +47,8 @@ def test_one_client_returns_its_own_model_and_costs_are_exact(data, fisher):
 
 
 def test_paper_defaults():
-    """Spec §2.2 (SGD lr 0.01, momentum 0.9, batch 64, E = 30), §2.6 (the code's Adam variant, lr 0.01,
-    betas (0.9, 0.99), ε 0.01, T = 2000, validation every 100 steps on 500 samples), §2.3 (exact true Fisher)."""
+    """Sec. 5.1 (SGD lr 0.01, momentum 0.9, batch 64, E = 30), App. D.3 (the code's Adam variant, lr 0.01,
+    betas (0.9, 0.99), ε 0.01, T = 2000, validation every 100 steps on 500 samples), eq. (3) (exact true Fisher)."""
     p = FedFisher.Params()
     assert (p.lr, p.momentum, p.batch_size, p.local_epochs) == (0.01, 0.9, 64, 30)
     assert (p.server_opt, p.server_lr, tuple(p.server_betas), p.server_eps) == ("fedfisher_adam", 0.01, (0.9, 0.99), 0.01)
@@ -154,7 +154,7 @@ def bn_mlp(cfg, feature_shape, image_shape, num_classes):
 
 @pytest.mark.parametrize("fisher", ["diag", "kfac"])
 def test_a_model_with_batchnorm_runs_through_the_runtime_with_its_diagonal_counted(tmp_path, monkeypatch, fisher):
-    """BatchNorm's weight and bias get the diagonal fallback (spec §8.8): the run merges and evaluates, and each
+    """BatchNorm's weight and bias get the diagonal fallback (README): the run merges and evaluates, and each
     upload's bits under compression: paper are App. C's with the 16-bit per-tensor diagonal of the two BN tensors
     (K-FAC: factors of dims (64, 16), (16, 10) at rank int(2 * 1216 / 216) = 11)."""
     from raysim.plugins import MODELS
@@ -190,7 +190,7 @@ def test_table1_config_is_the_table2_fashion_mnist_setup():
 
 @pytest.mark.slow  # generating the 20,000 samples takes 15-45 s
 def test_mnist1d_config_is_the_spec_proxy_data(tmp_path):
-    """The §7.3 proxy's data, fixed across seeds: make_dataset(20000) at the package's seed 42 with its own 16,000 /
+    """The README's MNIST-1D proxy data, fixed across seeds: make_dataset(20000) at the package's seed 42 with its own 16,000 /
     4,000 split, cut by the paper code's Dirichlet(0.2) under np.random.seed(3) (its client sizes below)."""
     from raysim.config import load_config
     from raysim.data.federated import build_federated
@@ -203,7 +203,7 @@ def test_mnist1d_config_is_the_spec_proxy_data(tmp_path):
 
 @pytest.mark.slow
 def test_kfac_beats_diag_beats_fedavg_on_digits_lenet_at_fedavg_bits(ray_cluster, tmp_path):
-    """Table 2's ordering at equal communication (App. C, spec §7.5) on the offline stand-in, 3 seeds: digits
+    """Table 2's ordering at equal communication (App. C) on the offline stand-in, 3 seeds: digits
     upsampled to 28x28, LeNet, M = 5, alpha 0.2. Measured: FedAvg 56.55 ± 6.51, Diag 70.84 ± 1.48,
     K-FAC 79.57 ± 4.41 at 1.000 / 1.0002 / 1.034 x FedAvg's upload bytes."""
     from raysim.algorithms.fedfisher.oneshot import compare

@@ -1,4 +1,4 @@
-"""The FedFisher paper's models: parameter counts of spec §2.4/§5.2, shapes, no biases."""
+"""The FedFisher paper's models: parameter counts (Sec. 5.1, the paper code's architectures), shapes, no biases."""
 import pytest
 import torch
 

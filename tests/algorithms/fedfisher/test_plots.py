@@ -15,6 +15,6 @@ def test_identical_client_work_reads_identical_overhead(tmp_path):
     s = summary(table)
     assert s.loc["fisher_merge", "oracle_overhead_pct"] == s.loc["fedfisher_diag", "oracle_overhead_pct"] == pytest.approx(10.0)
     assert s.loc["fisher_merge", "cpu_overhead_pct"] == pytest.approx(12.0)
-    assert s.loc["fedavg", "accuracy_std"] == pytest.approx(5.0)  # population std (np.std, spec §8.17)
+    assert s.loc["fedavg", "accuracy_std"] == pytest.approx(5.0)  # population std (np.std)
     md = write_comparison(table, tmp_path)[0].read_text()
     assert "| fedfisher_diag | 70.00 ± 1.00 | 2 | 1,100 | +10.0% | 16 | 10.50 | +5.0% |" in md

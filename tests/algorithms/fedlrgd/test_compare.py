@@ -1,6 +1,6 @@
 """`raysim compare` (FedLRGD, algorithms/fedlrgd/README.md): F* by Newton against ridge's closed form, the ε-reach table,
 FedLRGD on the smooth_ridge source through the runtime (exact estimate = exact GD on F of (3), Definition
-1's Γ, §7.13's epoch types and oracle calls), and the full FedLRGD-vs-FedAvg comparison down to the
+1's Γ, Algorithm 1's epoch types and oracle calls), and the full FedLRGD-vs-FedAvg comparison down to the
 paper's ε = 1e-4 (slow)."""
 import math
 
@@ -73,7 +73,7 @@ def test_table_compares_with_the_best_fedavg_at_the_same_epsilon():
 
 def test_fedlrgd_on_ridge_source_through_runtime_is_exact_gd(tmp_path):
     """r = p + 1 = 4 on the smooth_ridge source: the run's F(θ_S) equals exact GD's with step 1/L1 (1e-10),
-    Γ = r² + r s + r S + φ m r exactly, epochs B, A, C, C, C, B with §7.13's oracle calls."""
+    Γ = r² + r s + r S + φ m r exactly, epochs B, A, C, C, C, B with Algorithm 1's oracle calls."""
     m, s, r, S, phi = 50, 20, 4, 30, 100.0
     result = raysim.run(RIDGE, {"algorithm.S": S, "backend": "local"}, out=tmp_path / "run")
     rounds = result.rounds
@@ -96,9 +96,9 @@ def test_fedlrgd_on_ridge_source_through_runtime_is_exact_gd(tmp_path):
 
 @pytest.mark.slow
 def test_fedlrgd_beats_fedavg_on_the_logistic_problem_down_to_1e_4(tmp_path):
-    """§7.15 at ε = 1e-3 and the paper's ε = 1e-4 (one run each): every method reaches both; Γ(FedLRGD) =
-    r² + r s + r S + φ m r ≤ Γ(best-b FedAvg)/3 (spec: 0.1-0.25) in less simulated time, and its advantage
-    grows as ε shrinks (Prop. 1); FedAvg needs T ≈ 16-19 epochs for 1e-3 and ≈ 32-41 for 1e-4 (spec)."""
+    """The README's run at ε = 1e-3 and the paper's ε = 1e-4 (one run each): every method reaches both; Γ(FedLRGD) =
+    r² + r s + r S + φ m r ≤ Γ(best-b FedAvg)/3 (reference: 0.1-0.25) in less simulated time, and its advantage
+    grows as ε shrinks (Prop. 1); FedAvg needs T ≈ 16-19 epochs for 1e-3 and ≈ 32-41 for 1e-4 (reference)."""
     table = compare(LOGISTIC, (1e-3, 1e-4), tmp_path)
     assert table["reached"].all() and len(table) == 12 and len(pd.read_parquet(tmp_path / "compare.parquet")) == 12
     ratio = {}

@@ -1,6 +1,6 @@
 """FedLRGD (algorithms/fedlrgd/README.md) against independent references: exact-rank ridge regression,
-the spec's soft-label logistic problem (§5.2 B), singular G, Definition 1's Gamma, the h_c variant, and
-the server's own samples (§1, §8.1: fresh draws of the clients' law, never copies of client samples).
+App. A's soft-label logistic problem, singular G, Definition 1's Gamma, the h_c variant, and
+the server's own samples (Sec. I-A: fresh draws of the clients' law, never copies of client samples).
 
 The rounds are driven without Ray, the way the server actor does: plan -> step -> aggregate.
 """
@@ -47,7 +47,7 @@ def ridge_data(rng, m, s, r, p):
 
 
 def logistic_data(rng, n, p=2):
-    """§5.2 B: x ~ U[0,1]^2, soft label y = σ(3(x1 − x2) + 0.5 N(0,1))."""
+    """`smooth_logistic`'s law: x ~ U[0,1]^2, soft label y = σ(3(x1 − x2) + 0.5 N(0,1))."""
     x = rng.uniform(0, 1, (n, p))
     y = 1 / (1 + np.exp(-(3 * (x[:, 0] - x[:, 1]) + 0.5 * rng.standard_normal(n))))
     return torch.tensor(x), torch.tensor(y)
@@ -134,7 +134,7 @@ def test_ridge_rank_too_low_is_inexact(ridge):
 
 @pytest.mark.parametrize("fallback", ["lstsq", "tikhonov"])
 def test_singular_G_warns_and_falls_back_instead_of_nan(ridge, fallback):
-    """r = rank + 1 on an exact-rank kernel: G^(i) is singular (§5.2 A, §7.9)."""
+    """r = rank + 1 on an exact-rank kernel: G^(i) is singular (ridge regression's exact rank p + 1)."""
     server, clients = ridge
     algo = make(server, clients, P_FEAT, 1, r=P_FEAT + 3, fallback=fallback, **RIDGE)
     with pytest.warns(IllConditionedWarning, match=fallback):
@@ -179,7 +179,7 @@ def test_sums_upload_variant_equals_weights_upload(ridge):
     assert rel(fb.params, fa.params) < 1e-12
 
 
-# ----------------------------------------------------------------------------- logistic regression (§5.2 B, §7.11)
+# ----------------------------------------------------------------------------- logistic regression (App. A)
 
 
 def f_ent(theta, x, y):
@@ -206,7 +206,7 @@ def logistic_error(r, seed, m=50, s=20):
 
 
 def test_logistic_gradient_error_falls_with_r():
-    """Spec §7.11: ≈0.76 (r=1), 1e-2 (r=3), 2e-4 (r=8); medians over seeds, trend not per seed."""
+    """Reference values: ≈0.76 (r=1), 1e-2 (r=3), 2e-4 (r=8); medians over seeds, trend not per seed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IllConditionedWarning)
         med = {r: np.median([logistic_error(r, seed) for seed in range(7)]) for r in (1, 3, 8)}
@@ -237,11 +237,11 @@ def test_logreg_cross_entropy_model_runs_and_improves_with_r():
     assert errs[8] < errs[2] and errs[8] < 0.1
 
 
-# ----------------------------------------------------------------------------- accounting (§7.5, §7.13)
+# ----------------------------------------------------------------------------- accounting (Definition 1)
 
 
 def test_gamma_phases_and_oracle_calls_match_definition_1():
-    """m=50, s=20, r=4, S=23, φ=100: Γ = 16 + 80 + 92 + 20,000 = 20,188 exactly (§7.5)."""
+    """m=50, s=20, r=4, S=23, φ=100: Γ = 16 + 80 + 92 + 20,000 = 20,188 exactly (Definition 1)."""
     m, s, r, S, phi = 50, 20, 4, 23, 100.0
     rng = np.random.default_rng(7)
     x, y = logistic_data(rng, r + m * s)
@@ -278,11 +278,11 @@ def test_missing_server_data_is_a_clear_error(ridge):
         make(None, clients, P_FEAT, 1, r=3, **RIDGE)
 
 
-# ----------------------------------------------------------------------------- the server's own samples (§1, §8.1)
+# ----------------------------------------------------------------------------- the server's own samples (Sec. I-A)
 
 
 def test_server_samples_are_its_own_not_copies_of_client_samples(tmp_path):
-    """The server holds r samples of its own, n = m s + r (§1, (3)): none of them is a client's sample."""
+    """The server holds r samples of its own, n = m s + r (Sec. I-A, (3)): none of them is a client's sample."""
     cfg = load_config(LOGISTIC)
     fed = build_federated(cfg.data, cfg.seed, tmp_path)
     algo = make_algorithm(cfg, fed)
@@ -293,7 +293,7 @@ def test_server_samples_are_its_own_not_copies_of_client_samples(tmp_path):
 
 
 def test_server_samples_follow_the_clients_law(tmp_path):
-    """r = 4000 server draws follow §5.2 B: each feature U[0,1] (KS p > 1e-3) and
+    """r = 4000 server draws follow `smooth_logistic`'s law: each feature U[0,1] (KS p > 1e-3) and
     logit(y) − 3(x1 − x2) ~ N(0, 0.5²) (mean within 4 s.e., sd within 0.03); fixed by the data seed."""
     cfg = load_config(LOGISTIC, {"algorithm.r": 4000, "algorithm.rounds": 4002})
     fed = build_federated(cfg.data, cfg.seed, tmp_path)

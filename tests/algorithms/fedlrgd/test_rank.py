@@ -110,7 +110,7 @@ MNIST_DIR = Path(os.environ.get("RAYSIM_DATA_DIR", "data")) / "mnist"
 @pytest.mark.slow
 @pytest.mark.skipif(not MNIST_DIR.exists(), reason="MNIST IDX files not present (set RAYSIM_DATA_DIR)")
 def test_mnist_prototype_ranks():
-    """§7.16: Fig. 1(b), K = 784, k = 60: at least ~90% of non-trivial weights have rank <= 10, median <= ~5."""
+    """App. C, Fig. 1(b), K = 784, k = 60: at least ~90% of non-trivial weights have rank <= 10, median <= ~5."""
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     x, y = load_mnist(MNIST_DIR)
     tx, ty = load_mnist(MNIST_DIR, "test")
@@ -127,7 +127,7 @@ CIFAR_DIR = Path(os.environ.get("RAYSIM_DATA_DIR", "data")) / "cifar-10-batches-
 @pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_DIR.exists(), reason="CIFAR-10 python batches not present (set RAYSIM_DATA_DIR)")
 def test_cifar_prototype_ranks():
-    """§7.16: Fig. 2(b), k = 60: at least ~90% of non-trivial weights have rank <= 6."""
+    """App. C, Fig. 2(b), k = 60: at least ~90% of non-trivial weights have rank <= 6."""
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     x, y = load_cifar10(CIFAR_DIR)
     tx, ty = load_cifar10(CIFAR_DIR, "test")

@@ -1,5 +1,5 @@
 """The FedLRGD paper's smooth problems as sources (FedLRGD, algorithms/fedlrgd/README.md): shapes, float64 targets in
-[0, 1], s samples per client after the hold-out, the §5.2 B label law, and clear errors."""
+[0, 1], s samples per client after the hold-out, the `smooth_logistic` label law, and clear errors."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""The FD estimator of eq. (3) (FZooS, algorithms/fzoos/README.md, U7)."""
+"""The FD estimator of eq. (3) (FZooS, algorithms/fzoos/README.md; Lemma D.1)."""
 import math
 
 import numpy as np
@@ -18,7 +18,7 @@ def problem():
 
 @pytest.mark.parametrize("kind", ["gaussian", "orthonormal"])
 def test_cosine_is_sqrt_q_over_d(problem, kind):
-    """U7: cos(Delta, grad f) ~ sqrt(Q/d) = 0.258 (Q = 20, d = 300; spec: 0.248 Gaussian, 0.265 orthonormal)."""
+    """cos(Delta, grad f) ~ sqrt(Q/d) = 0.258 (Q = 20, d = 300; reference: 0.248 Gaussian, 0.265 orthonormal)."""
     q, x, true = problem
     rng = np.random.default_rng(1)
     fx = q.local(0, x[None])[0]
@@ -29,7 +29,7 @@ def test_cosine_is_sqrt_q_over_d(problem, kind):
 
 
 def test_gaussian_estimate_is_unbiased(problem):
-    """U7: the mean of n Gaussian estimates (scale 1/Q) approaches grad f: relative error ~sqrt(d/(Qn)),
+    """The mean of n Gaussian estimates (scale 1/Q) approaches grad f: relative error ~sqrt(d/(Qn)),
     below 0.1 at n = 8000."""
     q, x, true = problem
     rng = np.random.default_rng(2)
@@ -49,7 +49,7 @@ def test_orthonormal_directions_are_orthonormal():
 
 @pytest.mark.parametrize("kind", ["gaussian", "orthonormal"])
 def test_fedzo_default_scale_is_unbiased_on_the_quadratic(driver, kind):
-    """Issue 19 A, §3.1: with FedZO's default scale the mean of n = 2000 estimates of grad f_0(x_0) on the
+    """Issue 19 A, eq. (3): with FedZO's default scale the mean of n = 2000 estimates of grad f_0(x_0) on the
     C = 5 quadratic (d = 300, Q = 20) is grad f_0 (exactly unbiased on a quadratic: the curvature term is
     odd in u). Relative error ~ sqrt((d/Q - 1)/n) = 0.084 (orthonormal, 0.09 Gaussian); tolerance 0.15.
     The code's 1/Q with unit directions has mean grad f / d: error 1 - 1/d = 0.997."""

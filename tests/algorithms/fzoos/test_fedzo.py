@@ -1,5 +1,5 @@
-"""FedZO, ZO-FedProx and ZO-SCAFFOLD I/II: exact accounting (U11/U12), the corrections of eq. (2),
-the server acceptance option (A16), and a run through the real runtime."""
+"""FedZO, ZO-FedProx and ZO-SCAFFOLD I/II: exact accounting, the corrections of eq. (2),
+the official code's server acceptance option, and a run through the real runtime."""
 import numpy as np
 import pytest
 import torch
@@ -46,7 +46,7 @@ def rounds(algo, n):
     (ZOScaffold1, ["local", "control"], [211, 21], [1, 1]),
 ])
 def test_queries_and_uploads_per_client_and_round(cls, phases, calls, floats):
-    """U11/U12 at T = 10, Q = 20: 1 + T(Q + 1) = 211 a round; SCAFFOLD-I + (Q + 1) in a second phase
+    """At T = 10, Q = 20: 1 + T(Q + 1) = 211 a round; SCAFFOLD-I + (Q + 1) in a second phase
     (58,000 over N = 5, R = 50); uploads d floats (SCAFFOLD-II 2d)."""
     d = 12
     out = rounds(make(cls, objective={"dim": d}), 2 * len(phases))

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_queries_and_uploads_per_client_and_round_are_exact(driver, one_round):
-    """U11/U12: 10 initial + 56 local + 51 end-of-round = 107 per round at T = 10; uploads d then M floats."""
+    """10 initial + 56 local + 51 end-of-round = 107 per round at T = 10; uploads d then M floats."""
     d, m = 20, 300
     algo = driver[0](FZooS, objective={"dim": d}, num_features=m)
     state, cstates = algo.init(), {c: algo.client_init(c) for c in range(5)}
@@ -36,7 +36,7 @@ def test_queries_and_uploads_per_client_and_round_are_exact(driver, one_round):
 
 
 def test_correction_length_schedules():
-    """U13: gamma = 1/t (paper), constant, or max(1/t, floor)."""
+    """gamma = 1/t (paper, App. E), constant, or max(1/t, floor)."""
     assert [correction_length("inv_t", t, 1.0, 0.1) for t in (1, 2, 4)] == [1.0, 0.5, 0.25]
     assert correction_length("const", 7, 1.0, 0.1) == 1.0
     assert [correction_length("floored", t, 1.0, 0.3) for t in (1, 2, 5)] == [1.0, 0.5, 0.3]
@@ -89,7 +89,7 @@ def test_corrected_gradient_is_eq_8_on_a_case_computed_by_hand(driver, monkeypat
 
 
 def test_active_queries_are_the_candidates_of_largest_gradient_trace(driver):
-    """§2.4/U5: the queried points are the top-k candidates by tr Sigma_grad (not the spectral norm)."""
+    """Active queries (README): the queried points are the top-k candidates by tr Sigma_grad (not the spectral norm)."""
     algo = driver[0](FZooS, num_clients=1, objective={"dim": 30})
     state = algo.client_init(0)
     x = algo.objective.x0
@@ -103,8 +103,8 @@ def test_active_queries_are_the_candidates_of_largest_gradient_trace(driver):
 
 
 def test_ml2_length_scale_is_used_by_the_gradient_and_the_uncertainty_gp_alike(driver, monkeypatch):
-    """lengthscale_fit: ml2 refits l by marginal likelihood (A7); the official code ranks active queries with that
-    fitted l too (§2.4), so every GP a step conditions, with or without targets, uses the ML-II length scale."""
+    """lengthscale_fit: ml2 refits l by marginal likelihood; the official code ranks active queries with that
+    fitted l too, so every GP a step conditions, with or without targets, uses the ML-II length scale."""
     used = []
     fit = gp.fit
 
@@ -133,7 +133,7 @@ TINY = {
 
 
 def test_end_to_end_and_same_trajectory_whatever_the_number_of_actors(ray_cluster, tmp_path):
-    """Through the runtime: phases, counters and F; U14: 2 actors and the local backend give bit-identical trajectories."""
+    """Through the runtime: phases, counters and F; 2 actors and the local backend give bit-identical trajectories."""
     two = raysim.run(TINY, out=tmp_path / "two").rounds
     assert list(two["phase"]) == ["local", "surrogate"] * 2
     assert list(two["zo_round"]) == [1, 1, 2, 2]
@@ -158,7 +158,7 @@ def _features_digest(seed, m, d):
 
 
 def test_identical_random_features_in_every_process(ray_cluster):
-    """U13: every actor draws the same (V, b) from the seed."""
+    """Every actor draws the same (V, b) from the seed."""
     results = ray.get([_features_digest.remote(4, 500, 30) for _ in range(4)])
     here = rff.shared_features(4, 500, 30, 1.0)
     local = hashlib.sha256(here.V.numpy().tobytes() + here.b.numpy().tobytes()).hexdigest()

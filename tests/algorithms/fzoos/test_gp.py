@@ -1,5 +1,5 @@
 """The GP gradient surrogate against gpytorch autograd, finite differences and the properties of
-FZooS, algorithms/fzoos/README.md (U3-U5, U8)."""
+FZooS, algorithms/fzoos/README.md (eq. (4)-(5), Lemma C.6)."""
 import math
 
 import numpy as np
@@ -20,7 +20,7 @@ def points(n, d, radius, seed, center=None):
 
 
 def test_closed_form_gradient_equals_gpytorch_autograd_and_central_differences():
-    """U3: eq. (5) in closed form == autograd of gpytorch's posterior mean == central FD of mu (< 1e-6)."""
+    """Eq. (5) in closed form == autograd of gpytorch's posterior mean == central FD of mu (< 1e-6)."""
     X = points(40, 6, 0.8, 0)
     y = torch.sin(3 * X).sum(1) + X[:, 0] ** 2
     x = points(1, 6, 0.3, 1)[0]
@@ -52,7 +52,7 @@ def trajectory_gp():
 
 
 def test_gradient_covariance_is_psd_below_kappa_and_spectral_norm_is_kappa(trajectory_gp):
-    """U4/U5: Sigma_grad symmetric PSD, <= kappa I; for n < d its largest eigenvalue is exactly kappa."""
+    """Sigma_grad symmetric PSD, <= kappa I; for n < d its largest eigenvalue is exactly kappa."""
     for x in points(5, 40, 0.02, 3):
         S = gp.grad_cov(trajectory_gp, x)
         assert torch.allclose(S, S.T, atol=1e-12)
@@ -73,7 +73,7 @@ def test_vectorised_trace_and_first_coordinate_match_the_matrix(trajectory_gp):
 
 
 def test_trace_never_increases_when_points_are_added_and_prior_far_away():
-    """U4: tr Sigma_grad(x) is non-increasing in the data (rho_i <= 1); far from the data it is d*kappa."""
+    """tr Sigma_grad(x) is non-increasing in the data (rho_i <= 1); far from the data it is d*kappa."""
     X = points(25, 10, 0.1, 5)
     x = points(1, 10, 0.05, 6)[0]
     traces = [float(gp.grad_cov_trace(gp.fit(X[:n], None, 1.0, 1e-6, center=x), x[None])[0]) for n in range(1, 26)]
@@ -83,7 +83,7 @@ def test_trace_never_increases_when_points_are_added_and_prior_far_away():
 
 
 def test_one_point_shrinks_the_trace_at_most_by_the_lemma_c6_factor_at_a_noise_where_it_binds():
-    """U4, Lemma C.6: a new point multiplies tr Sigma_grad(x) by at least 1/(1 + 1/sigma^2), vacuous (~1e-6) at
+    """Lemma C.6: a new point multiplies tr Sigma_grad(x) by at least 1/(1 + 1/sigma^2), vacuous (~1e-6) at
     sigma^2 = 1e-6; at sigma^2 = 1 it is 1/2, and the SE kernel (value-gradient correlation at most e^{-1/2})
     reaches about 0.74. By hand (d = 1, l = 1, x = 0.5): a point at x + 1 gives tr = 1 - e^{-1}/(1 + sigma^2)
     = 0.8160603; then x - 1 ((1, -1) is an eigenvector of K + sigma^2 I, eigenvalue 1 + sigma^2 - e^{-2}) gives
@@ -104,7 +104,7 @@ def test_one_point_shrinks_the_trace_at_most_by_the_lemma_c6_factor_at_a_noise_w
 
 
 def test_gp_gradient_from_150_points_beats_finite_differences_in_d300():
-    """U8 vs U7: 150 points (+-0.03 box) in d = 300: GP cosine ~0.69 (sqrt(149/300) = 0.705) vs FD Q=20 ~0.25."""
+    """GP vs FD: 150 points (+-0.03 box) in d = 300: GP cosine ~0.69 (sqrt(149/300) = 0.705) vs FD Q=20 ~0.25."""
     q = Quadratic(300, 5, 5.0, seed=0)
     x0 = q.x0
     X = points(150, 300, 0.03, 7, center=x0)

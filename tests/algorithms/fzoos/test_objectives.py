@@ -7,7 +7,7 @@ from raysim.algorithms.fzoos.objectives import Ackley, Levy, Quadratic
 
 @pytest.mark.parametrize("c", [0.5, 5.0, 50.0])
 def test_quadratic_clients_average_exactly_to_eq_99(c):
-    """U9: (1/N) sum_i f_i == F of eq. (99) for every C (the Dirichlet weights sum to 1), to 1e-12."""
+    """(1/N) sum_i f_i == F of eq. (99) for every C (the Dirichlet weights sum to 1), to 1e-12."""
     q = Quadratic(300, 5, c, seed=1)
     u = torch.rand(7, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     mean = torch.stack([q.local(i, u) for i in range(5)]).mean(0)

@@ -1,6 +1,6 @@
-"""Slow reproductions on the d = 300 quadratic of FZooS, algorithms/fzoos/README.md (R1-R4, R6), driven in process.
+"""Slow reproductions on the d = 300 quadratic of FZooS, algorithms/fzoos/README.md (Fig. 1's claims, C = 50), driven in process.
 
-Reference (spec, one seed): C = 5, gap <= 0.1 after 14 rounds / 7,540 queries (FZooS) against
+Reference (an independent run, one seed): C = 5, gap <= 0.1 after 14 rounds / 7,540 queries (FZooS) against
 23 / 24,265 (FedZO with orthonormal FD); at C = 50 the paper-faithful FZooS (gamma = 1/t) diverges,
 with exact gradients too, while gamma = 1 ends below every FD baseline.
 """
@@ -12,7 +12,7 @@ from raysim.algorithms.fzoos.fzoos import FZooS, correction_length
 from raysim.algorithms.fzoos.objectives import Quadratic
 from raysim.algorithms.fzoos.optim import LocalOptimizer
 
-FD = dict(fd_directions="orthonormal")  # the spec's directions (§7.3), scaled d/Q (unbiased; issue 19 A)
+FD = dict(fd_directions="orthonormal")  # the official code's directions, scaled d/Q (unbiased; issue 19 A)
 OPTIMUM = -0.025 + 0.1 / 300
 
 
@@ -45,7 +45,7 @@ def test_r1_fzoos_needs_fewer_rounds_and_half_the_queries_of_fedzo(driver, c, fz
 
 @pytest.mark.slow
 def test_r2_r3_r4_fd_baselines(driver):
-    """R2: larger C, more rounds; R3: SCAFFOLD-II beats SCAFFOLD-I by round 50; R4: for C <= 5
+    """Fig. 1: larger C, more rounds; SCAFFOLD-II beats SCAFFOLD-I by round 50; for C <= 5
     FedProx and SCAFFOLD-I trail FedZO (rounds to gap 0.1)."""
     final, reach = {}, {}
     for c in (0.5, 5.0, 50.0):
@@ -84,7 +84,7 @@ def exact_correction_run(c, gamma, rounds, local_steps=10):
 
 
 def test_r6_c50_divergence_of_gamma_inv_t_is_the_schedule_not_the_surrogates():
-    """R6 cause (README): with exact local gradients and an exact correction, gamma = 1/t with Adam still rises
+    """C = 50 cause (README): with exact local gradients and an exact correction, gamma = 1/t with Adam still rises
     above F(x_0) at C = 50 (4 of 5 clients are concave in each coordinate and outweigh grad F from step 2 on;
     F(x_20) = 5.53 against F(x_0) = 3.54), so no surrogate defect explains FZooS's divergence; gamma = 1
     follows grad F and reaches the optimum (gap < 0.01), and at C = 5 the 1/t schedule converges (gap < 0.05)."""
@@ -121,7 +121,7 @@ def cosine_profile(driver, cls, **params):
 
 @pytest.mark.slow
 def test_fig4_fzoos_gradient_quality_beats_fd_early_in_the_round_and_decays(driver):
-    """Spec §7.2 Fig. 4 analogue: cumulative mean cosine of FZooS above FedZO's for t <= 5 (spec 0.314/0.285
+    """Fig. 4 analogue: cumulative mean cosine of FZooS above FedZO's for t <= 5 (reference 0.314/0.285
     against 0.152/0.146), and FZooS's per-step quality decays with t."""
     fz, fz_cum = cosine_profile(driver, FZooS)
     _, fd_cum = cosine_profile(driver, FedZO, **FD)

@@ -20,7 +20,7 @@ def digest(rf):
 
 
 def test_kernel_error_shrinks_like_inverse_sqrt_m():
-    """U1: d = 300, 200 points in a +-0.05 box: mean |Phi Phi' - K| < 0.01 at M = 1e4, ~sqrt(10)x less than at 1e3."""
+    """Lemma C.3: d = 300, 200 points in a +-0.05 box: mean |Phi Phi' - K| < 0.01 at M = 1e4, ~sqrt(10)x less than at 1e3."""
     X = box(200, 300, 0.05, 0, torch.full((300,), 0.5, dtype=D))
     K = gp.se_gram(X, X, 1.0)
     err = {}
@@ -32,7 +32,7 @@ def test_kernel_error_shrinks_like_inverse_sqrt_m():
 
 
 def test_surrogate_gradient_approaches_the_exact_gp_mean_gradient():
-    """U2: 150 trajectory points (+-0.03 box), 20 test points (+-0.02), quadratic client 0, C = 5:
+    """Lemma C.4: 150 trajectory points (+-0.03 box), 20 test points (+-0.02), quadratic client 0, C = 5:
     the RFF gradient's error falls with M and its cosine to the exact GP gradient is > 0.95 at M = 1e4."""
     q = Quadratic(300, 5, 5.0, seed=0)
     X = box(150, 300, 0.03, 1, q.x0)
@@ -51,7 +51,7 @@ def test_surrogate_gradient_approaches_the_exact_gp_mean_gradient():
 
 
 def test_weights_interpolate_and_average_linearly():
-    """The de-normalised fit interpolates y - min y; U10: grad of the mean weights = mean of the gradients."""
+    """The de-normalised fit interpolates y - min y; eq. (7): grad of the mean weights = mean of the gradients."""
     rf = rff.shared_features(3, 2000, 5, 1.0)
     X = box(12, 5, 0.5, 4, torch.full((5,), 0.5, dtype=D))
     ws = [rff.fit_weights(rf, X, X[:, i] ** 2 + i, 1e-6) for i in range(3)]

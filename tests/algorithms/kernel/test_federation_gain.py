@@ -48,7 +48,7 @@ def fig4():
 
 
 def test_fig4_gain_at_zero_heterogeneity(fig4):
-    """Spec §5.2: about 102 (scarce) and 3.7 (rich) at Gamma = 0; theory 104 and 3.68."""
+    """Fig. 4's set-up at Gamma = 0: about 102 (scarce) and 3.7 (rich) in an independent run; theory 104 and 3.68."""
     _, fg = fig4
     assert 70 < fg[0, 0, 0] < 140
     assert 2.8 < fg[0, 0, 1] < 4.8
@@ -100,7 +100,7 @@ def test_theorem6_bound_shape():
 
 
 def test_closed_form_risks_by_monte_carlo():
-    """The closed form of a data-scarce client's FG (spec §5.2), Gamma = 0, Gaussian covariates, n_j = 10 < d = 40,
+    """The closed form of a data-scarce client's FG (README), Gamma = 0, Gaussian covariates, n_j = 10 < d = 40,
     by Monte Carlo over 300 draws (tolerances about 4 standard errors of the mean):
     E||pinv(X_j) y_j - theta*||^2 = (1 - n_j/d)||theta*||^2 + sigma^2 n_j/(d - n_j - 1) (per-draw relative s.d.
     about 0.26: tolerance 7%), its noise part E||pinv(X_j) xi_j||^2 = sigma^2 n_j/(d - n_j - 1) (s.d. about 0.5:
@@ -127,7 +127,7 @@ def test_closed_form_risks_by_monte_carlo():
 
 
 def test_closed_form_gain_at_the_papers_fig4_values():
-    """Spec §5.2, Gamma = 0, ||theta*||^2 = d = 100, n_j = 50 / 500, N = 5500: FG = sqrt(50.255/0.00463) = 104
+    """Sec. 6.2, Gamma = 0, ||theta*||^2 = d = 100, n_j = 50 / 500, N = 5500: FG = sqrt(50.255/0.00463) = 104
     (scarce) and sqrt(0.0627/0.00463) = 3.68 (rich); local risks on both sides of n = d."""
     d, sizes = 100, np.array([50, 500] * 10)
     stars = np.tile(np.full(d, 1.0), (20, 1))

@@ -1,4 +1,4 @@
-"""raysim.algorithms.kernel.figures: the minibatch runs of Figs 2-3 (spec §5.1, §6.14), the sweeps of Figs 4-6
+"""raysim.algorithms.kernel.figures: the minibatch runs of Figs 2-3 (Sec. 6.1), the sweeps of Figs 4-6
 (converged models over the regression generators, the kernel FedAvg/FedProx paper, algorithms/kernel/README.md) and
 the figure plots."""
 
@@ -37,7 +37,7 @@ def test_fig4_sweep_shape_one_trial():
 
 
 def test_fig4_scarce_gain_follows_closed_form():
-    """Issue 19: the data-scarce client's FG in the Fig. 4 sweep against its closed form (spec §5.2, `gain_gaussian`
+    """Issue 19: the data-scarce client's FG in the Fig. 4 sweep against its closed form (README, `gain_gaussian`
     of the drawn truths) over 4 trials: per-trial relative s.d. about 0.1 (s.e. 5%), tolerance 15%."""
     with threadpool_limits(1):
         table = kf.fig4_table(gammas=[0.0, 1.0, 15.0], trials=4)
@@ -49,7 +49,7 @@ def test_fig4_scarce_gain_follows_closed_form():
 def test_fig6_inverse_mse_at_N200():
     with threadpool_limits(1):
         table = kf.fig6_table(per_client=[10], trials=100).set_index("algorithm")["mse"]
-    assert 1 / table["FedAvg s=1"] == pytest.approx(71.3, rel=0.15)  # spec §5.5 (500 trials)
+    assert 1 / table["FedAvg s=1"] == pytest.approx(71.3, rel=0.15)  # Fig. 6 at N = 200 (500 trials)
     assert table["FedProx"] == pytest.approx(table["FedAvg s=1"], rel=0.03)
     assert table["FedAvg s=10"] > table["FedAvg s=1"]
 
@@ -93,7 +93,7 @@ def test_fg_crossing_interpolates_linearly_between_grid_points():
 
 @pytest.fixture(scope="module")
 def sec61_runs(sec51_problem) -> dict:
-    """The spec's §5.1 seed-0 set-up (theta_0 = 0) iterated with the family's local updates for 150 rounds:
+    """Sec. 6.1's set-up at seed 0 (theta_0 = 0) iterated with the family's local updates for 150 rounds:
     {(B, series): (||grad l(theta_t)|| in the Sec. 6.1 convention, ||theta_t - theta*||) for t = 1..rounds},
     B = None for full batch."""
     theta_star, X, ys, eta = sec51_problem
@@ -126,9 +126,9 @@ def rounds_to_5pct(err: np.ndarray) -> int:
 
 @pytest.mark.slow
 def test_fig2_minibatch_gradient_plateaus(sec61_runs):
-    """§6.14 / §5.1 minibatch table (seed 0, 150 rounds): s = 5, 10 plateaus change < 30% against full batch;
+    """Fig. 2 (seed 0, 150 rounds): s = 5, 10 plateaus change < 30% against full batch;
     the s = 1 minibatch plateau is about 4e-3 (no longer 0); FedProx within 10% of FedAvg s = 1; each plateau
-    within 15% of the spec's seed-0 value (Fig. 1's tolerance)."""
+    within 15% of an independent implementation's seed-0 value (Fig. 1's tolerance)."""
     runs = sec61_runs
     spec = {20: (4.17e-3, 1.02e-2, 1.72e-2, 4.13e-3), 50: (4.13e-3, 1.02e-2, 1.72e-2, 4.24e-3),
             100: (4.09e-3, 1.01e-2, 1.72e-2, 4.21e-3)}  # s = 1 / 5 / 10 / FedProx
@@ -145,7 +145,7 @@ def test_fig2_minibatch_gradient_plateaus(sec61_runs):
 
 @pytest.mark.slow
 def test_fig3_minibatch_estimation_errors(sec61_runs):
-    """§6.14 / §5.1 minibatch table (seed 0, 150 rounds): final errors within 3% of full batch and in
+    """Fig. 3 (seed 0, 150 rounds): final errors within 3% of full batch and in
     0.0466-0.0476; rounds to within 5% of the final error about 60 / 13 / 7 / 61 (s = 1 / 5 / 10 / FedProx;
     full batch 57 / 12 / 7 / 64): minibatches slow s = 1 down only a bit."""
     runs = sec61_runs
@@ -160,7 +160,7 @@ def test_fig3_minibatch_estimation_errors(sec61_runs):
 
 @pytest.mark.slow
 def test_fig4_full_sweep():
-    """§6.15: 20 trials: FG decreasing in Gamma, scarce >> rich (about 100 vs 3.7 at 0), algorithms within 5%,
+    """Fig. 4, 20 trials: FG decreasing in Gamma, scarce >> rich (about 100 vs 3.7 at 0), algorithms within 5%,
     crossings of FG = 1 in [5, 16] (scarce) and [0.2, 0.5] (rich); each client's mean FG within 7% of the mean
     closed form at every Gamma (per-trial relative s.d. about 0.1: s.e. 2.2%)."""
     with threadpool_limits(1):
@@ -177,17 +177,17 @@ def test_fig4_full_sweep():
     assert 80 < fg.loc[("scarce", 0.0)].iloc[0] < 130 and 3.0 < fg.loc[("rich", 0.0)].iloc[0] < 4.5
 
 
-TRANSITION = (16, 23, 30)  # the coupon-collecting jump of Fig. 5 (spec §5.4 claim 3)
+TRANSITION = (16, 23, 30)  # the coupon-collecting jump of Fig. 5 (Sec. 6.3)
 
 
 @pytest.mark.slow
 def test_fig5_full_sweep():
-    """§6.16, converged models: algorithms within 5% at every r; about 1-7 for r <= 14; scarce plateau 95-110
+    """Fig. 5, converged models: algorithms within 5% at every r; about 1-7 for r <= 14; scarce plateau 95-110
     for r in [40, 100] away from the r = 50 spike; rich about 45 / 33 / 3.5-4 at r = 90 / 95 / 100 (20 trials,
     the paper's count). In the transition r = 16-30 one trial's FG is bimodal (about 90-100 when the 20 clients'
     r-subsets cover all 100 coordinates, 10-20 when one is missed: P(missed) = 0.96 / 0.42 / 0.08), so a 20-trial
-    mean has a standard error of 4-9 there: the transition uses 100 trials (SE 1.7-4.1) and is compared with the
-    spec's 20-trial means (6.5 / 78 / 100) within 3 standard errors of the difference."""
+    mean has a standard error of 4-9 there: the transition uses 100 trials (SE 1.7-4.1) and is compared with an
+    independent implementation's 20-trial means (6.5 / 78 / 100) within 3 standard errors of the difference."""
     with threadpool_limits(1):
         table = pd.concat([kf.fig5_table(ranks=[r for r in kf.RANKS if r not in TRANSITION]),
                            kf.fig5_table(ranks=TRANSITION, trials=100)], ignore_index=True)
@@ -207,7 +207,7 @@ def test_fig5_full_sweep():
 
 @pytest.mark.slow
 def test_fig6_full_sweep():
-    """§6.17: 1/MSE about linear in N with slope about 1/3; FedProx within 2% of s = 1; s = 10 worst."""
+    """Fig. 6: 1/MSE about linear in N with slope about 1/3; FedProx within 2% of s = 1; s = 10 worst."""
     with threadpool_limits(1):
         table = kf.fig6_table()
     inv = table.assign(inv=1 / table["mse"]).pivot(index="N", columns="algorithm", values="inv")

@@ -1,5 +1,5 @@
 """Kernel FedAvg/FedProx (the kernel FedAvg/FedProx paper, algorithms/kernel/README.md) against independent references:
-the centralized LTI recursion (11), the spec Appendix's numpy oracle (copied here verbatim),
+the centralized LTI recursion (11), an independent numpy oracle (kept here verbatim),
 plain GD, and first-order optimality. No Ray: plan/step/aggregate are driven like the runtime."""
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ from raysim.contract import ClientData, Context, EvalData
 from raysim.core.rng import SERVER, stream
 
 
-# ------------------------------------------------------------------ the spec Appendix oracle, verbatim
+# ------------------------------------------------------------------ the independent numpy oracle, verbatim
 def oracle_local_P(K_loc, eta, alg, s=1):
     mu, V = np.linalg.eigh(K_loc); mu = np.clip(mu, 0, None)
     f = 1/(1+eta*mu) if alg == "fedprox" else np.where(
@@ -129,7 +129,7 @@ def rel(a, b):
     return np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300)
 
 
-# ------------------------------------------------------------------ §6 item 1: representer = oracle = feature
+# ------------------------------------------------------------------ (11): representer = oracle = feature
 @pytest.mark.parametrize("method,s", METHODS)
 def test_representer_equals_centralized_recursion_and_feature_form(method, s):
     datas, _ = linear_data(SIZES, scale=0.6)
@@ -177,7 +177,7 @@ def test_explicit_local_steps_equal_closed_form_P(s):
     assert rel(local_P(G / 9, eta, "fedavg", s), direct_P(G, [9], eta, "fedavg", s)) < 1e-12
 
 
-# ------------------------------------------------------------------ §6 item 2: s = 1 is centralized GD
+# ------------------------------------------------------------------ s = 1 is centralized GD
 def test_fedavg_s1_is_centralized_gradient_descent():
     datas, _ = linear_data(SIZES)
     X, y, _ = stacked(datas, Linear())
@@ -189,7 +189,7 @@ def test_fedavg_s1_is_centralized_gradient_descent():
         assert rel(st.theta, theta) < 1e-12
 
 
-# ------------------------------------------------------------------ §6 item 3: FedProx is the exact minimiser
+# ------------------------------------------------------------------ FedProx is the exact minimiser of (5)
 def test_fedprox_feature_output_is_exact_minimiser():
     datas, _ = linear_data(SIZES)
     algo = make("fedprox", SIZES, mu=2.5)  # Li et al.'s mu = 1/eta
@@ -225,7 +225,7 @@ def test_fedprox_is_stable_for_any_gamma():
         assert np.linalg.eigvalsh(local_P(K, eta, "fedprox")).min() > 0
 
 
-# ------------------------------------------------------------------ §6 item 7: weights n_i/N, fixed order
+# ------------------------------------------------------------------ weights n_i/N, fixed order
 def test_aggregation_weights_are_sample_shares_in_fixed_order():
     sizes = [2, 40, 5, 13]
     datas, _ = linear_data(sizes, seed=5)
@@ -281,7 +281,7 @@ def test_noiseless_homogeneous_fixed_point_is_truth_and_stationary(method, s):
     assert (g < 1e-10) if (method, s) == ("fedavg", 1) else (g > 1e-6)
 
 
-# ------------------------------------------------------------------ §2.5 minibatch
+# ------------------------------------------------------------------ Sec. 6.1 minibatch
 @pytest.mark.parametrize("method,s", [("fedavg", 1), ("fedavg", 5), ("fedprox", 1)])
 def test_minibatch_representer_equals_feature_and_reference(method, s):
     sizes = [23, 7, 40]
@@ -322,7 +322,7 @@ def test_minibatch_with_full_batch_size_is_full_batch():
     assert rel(minibatch_beta(G, r, 0.2, "fedavg", 3, None), fedavg_beta(G, r, 0.2, 3)) < 1e-13
 
 
-# ------------------------------------------------------------------ §6 items 4-5: Lemma 1, spectra
+# ------------------------------------------------------------------ Lemma 1, spectra (Lemmas 2, 3)
 @pytest.mark.parametrize("method,s", METHODS)
 def test_spectra_lemmas_2_3(method, s):
     datas = scalar_data([30, 8, 15, 50], seed=6)
@@ -407,7 +407,7 @@ def test_cost_and_evaluate():
     assert m["grad_norm_sec61_prev"] == pytest.approx(2 * m["grad_norm_prev"])
 
 
-# ------------------------------------------------------------------ §5.1 / §6.13: Fig. 1 numbers
+# ------------------------------------------------------------------ Sec. 6.1: Fig. 1 numbers
 def test_fig1_gradient_plateaus_and_errors(sec51_problem):
     """M=25, d=100, n_i=500, sigma=0.5, eta=0.1: plateaus 1.6e-2 / 7.8e-3 / 3.5e-3 / 0 (Sec. 6.1 gradient,
     ±15%), final errors within 3% of pooled OLS; the s=10 run reaches its plateau through the contract."""
@@ -435,7 +435,7 @@ def _fig1(theta_star, X, ys, eta):
     assert abs(2 * np.linalg.norm(states[-1].grad) / want[("fedavg", 10)] - 1) < 0.15
 
 
-# ------------------------------------------------------------------ §6.8/§6.11 and §5.6: exact expected error
+# ------------------------------------------------------------------ Lemma 6, Thm 3, the general kernel: exact expected error
 def test_expected_prediction_error_equals_direct_matrix_powers():
     """E||f_t - f*||_N^2 = (||L^t f*||^2 + sigma^2 ||I - L^t||_F^2)/N with L = I - eta K_x P, by plain powers."""
     sizes, eta, sigma = [5, 12, 7], 0.5, 0.5
@@ -453,7 +453,7 @@ def test_expected_prediction_error_equals_direct_matrix_powers():
 
 
 def test_finite_rank_error_decays_geometrically_to_a_floor_without_upturn():
-    """Thm 3 (§6.11): rank-d kernel, noise: the expected error falls geometrically to a floor <= 3 kappa
+    """Thm 3: rank-d kernel, noise: the expected error falls geometrically to a floor <= 3 kappa
     sigma^2 d/N and stays there (the variance is capped at rank d; contrast the general kernel's U-shape,
     which rises 30-fold towards sigma^2)."""
     sizes, eta, sigma, d = [30, 80, 50], 0.1, 0.5, 4
@@ -473,7 +473,7 @@ def test_finite_rank_error_decays_geometrically_to_a_floor_without_upturn():
 
 @pytest.mark.slow
 def test_general_kernel_U_shape_matches_spec_table():
-    """§5.6: Sobolev kernel, N=1100, n_i = 20/200, eta=0.5, sigma=0.5: the spec's exact E||f_t - f*||_N^2 table."""
+    """README's general kernel: Sobolev, N=1100, n_i = 20/200, eta=0.5, sigma=0.5: a reference E||f_t - f*||_N^2 table."""
     from raysim.algorithms.kernel.sources import sobolev_model
     sizes = [20, 200] * 5
     data = sobolev_model(sizes, 0.5, np.random.default_rng(7))
@@ -489,7 +489,7 @@ def test_general_kernel_U_shape_matches_spec_table():
         assert ts[int(np.argmin(got))] == {("fedavg", 1): 500, ("fedavg", 5): 100, ("fedprox", 1): 500}[(method, s)]
 
 
-# ------------------------------------------------------------------ §6.18: iterates independent of the system
+# ------------------------------------------------------------------ iterates independent of the system
 def test_runtime_iterates_identical_across_actor_counts_and_system_models(ray_cluster, tmp_path):
     """The local backend vs 2 client actors on Ray, with two system models: identical metrics (so identical
     iterates), different simulated clocks; the regression source's truth feeds the error metrics and FG."""

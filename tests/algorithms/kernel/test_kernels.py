@@ -1,4 +1,4 @@
-"""algorithms/kernel/kernels.py: gpytorch as an exact float64 Gram provider (spec §7.1), against the closed forms."""
+"""algorithms/kernel/kernels.py: gpytorch as an exact float64 Gram provider, against the closed forms."""
 import numpy as np
 import pytest
 

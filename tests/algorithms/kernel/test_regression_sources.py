@@ -39,7 +39,7 @@ def test_subspace_model_observes_r_coordinates_with_fixed_row_norm():
 
 
 def test_subspace_model_coverage_is_coupon_collecting():
-    """Fig. 5's jump (spec §5.4 claim 3): 20 independent uniform r-subsets of 100 coordinates leave
+    """Fig. 5's jump (Sec. 6.3): 20 independent uniform r-subsets of 100 coordinates leave
     d (1 - r/d)^M coordinates unobserved on average: 0.54 at r = 23 (2000 draws: s.e. about 0.017)."""
     rng = np.random.default_rng(5)
     missed = []

@@ -1,4 +1,4 @@
-"""The gradient-leakage attack (the sketching paper, algorithms/sketching/README.md) against closed forms and the §4.6 reference rates."""
+"""The gradient-leakage attack (the sketching paper, algorithms/sketching/README.md) against closed forms and an independent implementation's rates."""
 import dataclasses
 import inspect
 
@@ -27,7 +27,7 @@ def linear_case(b, m=8, d=40, seed=0):
 
 @pytest.mark.parametrize("b", [2, 4, 6, 7, 8, 12, 40])
 def test_linear_toy_exact_iff_b_at_least_m(b):
-    """∇F = Ax + c: error < 1e-8 iff b ≥ m = 8; below, exactly ‖(I − P)(x0 − x̃)‖ with P onto row(RA) (§7 D19)."""
+    """∇F = Ax + c: error < 1e-8 iff b ≥ m = 8; below, exactly ‖(I − P)(x0 − x̃)‖ with P onto row(RA)."""
     model, x_true, key, view = linear_case(b)
     rng = np.random.default_rng(5)
     x0 = torch.from_numpy(np.random.default_rng(5).standard_normal(8))
@@ -57,7 +57,7 @@ def mlp_rates(b_values, trials, epsilon=None, restarts=5, iters=200):
 
 
 def test_mlp_attack_threshold_near_m():
-    """Tanh MLP, m = 8, d = 160, Gaussian R: ≥ 90% exact recoveries at b = 16 and unsketched; none for b < m (§7 D20)."""
+    """Tanh MLP, m = 8, d = 160, Gaussian R: ≥ 90% exact recoveries at b = 16 and unsketched; none for b < m."""
     rows = mlp_rates([160, 16, 6, 4], trials=6)
     for b in (160, 16):
         assert np.mean([r["success"] for r in rows[b]]) >= 0.9, rows[b]
@@ -67,7 +67,7 @@ def test_mlp_attack_threshold_near_m():
 
 
 def test_dp_noise_defeats_the_attack():
-    """At ε̂ ≤ 10 (δ̂ = 1e-5, Δ₂ = 2‖g‖) no trial gets below 0.1 relative error, sketched or not (§7 D21)."""
+    """At ε̂ ≤ 10 (δ̂ = 1e-5, Δ₂ = 2‖g‖) no trial gets below 0.1 relative error, sketched or not."""
     for eps in (1.0, 10.0):
         rows = mlp_rates([160, 32], trials=3, epsilon=eps, restarts=2, iters=60)
         assert all(r["rel_error"] >= 0.1 for rs in rows.values() for r in rs), eps
@@ -75,7 +75,7 @@ def test_dp_noise_defeats_the_attack():
 
 @pytest.mark.slow
 def test_reference_rates_full():
-    """§4.6 as specified: 20 trials, 5 restarts; success ≥ 0.9 for b ∈ {160, 64, 32, 16}, ≤ 0.5 for b ≤ 8, 0 for b < m;
+    """The reference set-up: 20 trials, 5 restarts; success ≥ 0.9 for b ∈ {160, 64, 32, 16}, ≤ 0.5 for b ≤ 8, 0 for b < m;
     with DP at ε̂ ≤ 10 no trial below 0.1 error; the paper's GD succeeds in ≥ 75% at b ≥ 2m."""
     rows = mlp_rates([160, 64, 32, 16, 12, 9, 8, 6, 4], trials=20)
     rates = {b: np.mean([r["success"] for r in rs]) for b, rs in rows.items()}
@@ -92,7 +92,7 @@ def test_reference_rates_full():
 
 
 def test_attacker_sees_only_what_the_threat_model_grants():
-    """The attacker API receives a ThreatView and an rng, nothing else; the view holds exactly the granted objects (§7 D22)."""
+    """The attacker API receives a ThreatView and an rng, nothing else; the view holds exactly the granted objects (Sec. 7.1)."""
     assert [f.name for f in dataclasses.fields(ThreatView)] == ["model", "params", "sketch", "lr", "upload"]
     assert list(inspect.signature(reconstruct).parameters) == ["view", "rng", "optimizer", "restarts", "iters", "tol"]
     assert [f.name for f in dataclasses.fields(SketchKey)] == ["kind", "b", "d", "seed", "round", "nnz_per_col"]
@@ -101,7 +101,7 @@ def test_attacker_sees_only_what_the_threat_model_grants():
 
 def test_different_data_same_upload_same_reconstruction():
     """Two victims whose data differ (by 3 in x_m) but whose uploads are bitwise equal get bitwise equal reconstructions,
-    so one of them is missed by ≥ 1.5: the attacker's output depends on the upload alone (§7 D22).
+    so one of them is missed by ≥ 1.5: the attacker's output depends on the upload alone (Sec. 7.1).
 
     The linear toy's last column of A is zero, so x_m never reaches the gradient; with b = 12 ≥ m the attack recovers
     x_1..x_{m−1} exactly. Each reconstruction runs right after its own victim's upload, so any channel from the victim

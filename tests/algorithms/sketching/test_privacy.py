@@ -16,7 +16,7 @@ from raysim.algorithms.sketching.privacy import (accountant_report, advanced_com
 
 
 def test_gaussian_mechanism_calibration():
-    """σ/Δ₂ = sqrt(2 ln(1.25/δ̂))/ε̂: 52.99 at (0.1, 1e-6), 57.17 at (0.1, 1e-7) (§5.5); Δ₂ = 2C, or 2C/B for each
+    """σ/Δ₂ = sqrt(2 ln(1.25/δ̂))/ε̂: 52.99 at (0.1, 1e-6), 57.17 at (0.1, 1e-7) (Lemma H.7); Δ₂ = 2C, or 2C/B for each
     batch size B."""
     assert gaussian_sigma(0.1, 1e-6, 1.0) == pytest.approx(52.988, abs=1e-3)
     assert gaussian_sigma(0.1, 1e-7, 1.0) == pytest.approx(57.17, abs=1e-2)
@@ -32,7 +32,7 @@ def test_gaussian_mechanism_calibration():
     (0.1, 1e-7, 1, 100, (1.0, 1e-5), (6.80, 2e-5)),
 ])
 def test_accountants_match_spec_values(eps, delta, K, T, paper, rigorous):
-    """The paper's (√(TK) ε̂, TK δ̂) and Lemma H.3 with δ' = 1e-5 (§7 C16)."""
+    """The paper's (√(TK) ε̂, TK δ̂) and Lemma H.3 with δ' = 1e-5."""
     p = paper_composition(eps, delta, T * K)
     a = advanced_composition(eps, delta, T * K, 1e-5)
     assert p[0] == pytest.approx(paper[0], abs=1e-3) and p[1] == pytest.approx(paper[1], rel=1e-9)
@@ -84,7 +84,7 @@ def test_rdp_epsilon_equals_dp_accounting(z, q, steps, delta):
 
 
 def test_per_example_clipping():
-    """Rows are scaled to norm ≤ C and keep their direction; rows already within C are unchanged (§5.5)."""
+    """Rows are scaled to norm ≤ C and keep their direction; rows already within C are unchanged."""
     g = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]], dtype=torch.float64)
     c = clip_per_example(g, 1.0)
     np.testing.assert_allclose(c.numpy(), [[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]])

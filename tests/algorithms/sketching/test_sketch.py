@@ -1,7 +1,7 @@
-"""Sketch operators against the spec's definitions, exact second moments and closed forms (the sketching paper, algorithms/sketching/README.md).
+"""Sketch operators against the paper's definitions (App. D), exact second moments and closed forms (the sketching paper, algorithms/sketching/README.md).
 
-The quadratic experiments (§7 B9, B10, B14) drive the sketches in an independent plain loop of
-Algorithm 1 (the spec's reference oracle), float64; the algorithm class is tested in
+The quadratic experiments drive the sketches in an independent plain loop of
+Algorithm 1 (an independent reference oracle), float64; the algorithm class is tested in
 tests/algorithms/test_sketching.py.
 """
 import hashlib
@@ -28,7 +28,7 @@ D, B, DRAWS = 16, 4, 4000
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("d", [13, 16])
 def test_adjoint_and_matrix_free_equal_dense(kind, d):
-    """<y, R x> = <Rᵀ y, x> to 1e-12, and sk/desk equal .matrix() and its transpose (§7 A1)."""
+    """<y, R x> = <Rᵀ y, x> to 1e-12, and sk/desk equal .matrix() and its transpose."""
     b = d if kind == "none" else 4
     s = make_sketch(kind, b, d, seed=5, round=2, nnz_per_col=2)
     g = torch.Generator().manual_seed(0)
@@ -41,7 +41,7 @@ def test_adjoint_and_matrix_free_equal_dense(kind, d):
 
 
 def test_srht_is_scaled_sampled_hadamard_with_padding():
-    """R = sqrt(d'/b) S H D on x zero-padded to d' (Def. D.3, §8.8), H from scipy."""
+    """R = sqrt(d'/b) S H D on x zero-padded to d' (Def. D.3, README), H from scipy."""
     d, b = 13, 5
     s = make_sketch("srht", b, d, seed=1, round=1)
     dp = next_pow2(d)
@@ -55,13 +55,13 @@ def test_srht_is_scaled_sampled_hadamard_with_padding():
 
 @pytest.mark.parametrize("kind", ["srht", "ams", "countsketch", "sparse_i", "sparse_ii"])
 def test_unit_column_norms(kind):
-    """‖R_{*,i}‖ = 1 exactly for SRHT, AMS, Count-Sketch and sparse embeddings (§2.5)."""
+    """‖R_{*,i}‖ = 1 exactly for SRHT, AMS, Count-Sketch and sparse embeddings (App. D)."""
     R = make_sketch(kind, 8, 16, seed=0, round=3, nnz_per_col=2).matrix()
     np.testing.assert_allclose((R**2).sum(0).numpy(), 1.0, atol=1e-14)
 
 
 def test_countsketch_exhaustive_expectation_is_identity():
-    """Averaging over every hash and sign choice (d = 3, b = 2) gives E[RᵀR] = I exactly (§7 A2)."""
+    """Averaging over every hash and sign choice (d = 3, b = 2) gives E[RᵀR] = I exactly."""
     d, b = 3, 2
     total = torch.zeros(d, d, dtype=torch.float64)
     choices = list(itertools.product(itertools.product(range(b), repeat=d), itertools.product((-1.0, 1.0), repeat=d)))
@@ -80,7 +80,7 @@ def draws(kind: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", SKETCHES)
 def test_unbiased_and_exact_second_moment(kind):
-    """E[RᵀR] = I entrywise and E‖Mv‖²/‖v‖² = c_R of §2.5 (Gaussian 5.25, SRHT 4, others 4.75) within 4 s.e."""
+    """E[RᵀR] = I entrywise and E‖Mv‖²/‖v‖² = c_R of the README (Gaussian 5.25, SRHT 4, others 4.75) within 4 s.e."""
     M = draws(kind)
     mean, se = M.mean(0), M.std(0) / math.sqrt(DRAWS)
     dev = torch.abs(mean - torch.eye(D, dtype=torch.float64))
@@ -129,7 +129,7 @@ def test_padded_srht_second_moment_exact_over_row_choices():
 
 @pytest.mark.parametrize("kind", SKETCHES)
 def test_coordinatewise_embedding_constant(kind):
-    """b(E(gᵀMh)² − (gᵀh)²)/(‖g‖²‖h‖²) ≤ a (Def. 4.1) for the paper's kinds; uniform sampling gives ≈ d − b at e1 (§7 A4)."""
+    """b(E(gᵀMh)² − (gᵀh)²)/(‖g‖²‖h‖²) ≤ a (Def. 4.1) for the paper's kinds; uniform sampling gives ≈ d − b at e1."""
     M = draws(kind)
     e = torch.eye(D, dtype=torch.float64)
     pairs = [(e[0], e[0]), (e[0], e[1]), (torch.ones(D, dtype=torch.float64), torch.linspace(-1, 1, D, dtype=torch.float64))]
@@ -141,14 +141,14 @@ def test_coordinatewise_embedding_constant(kind):
         if kind == "uniform":
             worst = max(worst, float(a_hat))
         else:
-            assert a_hat <= 2.0 + 4 * a_se, (kind, float(a_hat))  # exact a is 2 (§2.5), Table 1 allows 2-3
+            assert a_hat <= 2.0 + 4 * a_se, (kind, float(a_hat))  # exact a is 2, Table 1 allows 2-3
             assert a_hat <= PAPER_A[kind] + 4 * a_se
     if kind == "uniform":
         assert worst > 0.75 * (D - B)
 
 
 def test_common_randomness_is_bitwise_and_fresh_per_round():
-    """The same (seed, round) gives the same R in another process; other rounds are uncorrelated (§7 A5)."""
+    """The same (seed, round) gives the same R in another process; other rounds are uncorrelated."""
     code = ("import hashlib; from raysim.algorithms.sketching.sketch import make_sketch; "
             "print(*[hashlib.sha256(make_sketch(k, 6, 20, 7, 3, 2).matrix().numpy().tobytes()).hexdigest() "
             "for k in ('gaussian', 'srht', 'sparse_i')])")
@@ -188,7 +188,7 @@ def sketched_local_gd(Hs, As, w0, T, K, eta, kind, b, seed, nnz=2):
 
 
 def rate_ratio(kind, seeds, T, d=64, b=8, N=4, h=1.0, step=1.0):
-    """MC/predicted E‖w_T − w*‖² on isotropic quadratics with η = step/(h c_R) (§7 B9), and its s.e."""
+    """MC/predicted E‖w_T − w*‖² on isotropic quadratics with η = step/(h c_R), and its s.e."""
     cR = second_moment(kind, b, d)
     eta = step / (h * cR)
     errs = []
@@ -203,7 +203,7 @@ def rate_ratio(kind, seeds, T, d=64, b=8, N=4, h=1.0, step=1.0):
 
 @pytest.mark.parametrize("kind", ["gaussian", "countsketch"])
 def test_isotropic_rate_fast(kind):
-    """ρ = 1 − 2ηh + η²h²c_R at η* = 1/(h c_R): MC/predicted in [0.97, 1.03] (§7 B9; T = 5, 500 seeds)."""
+    """ρ = 1 − 2ηh + η²h²c_R at η* = 1/(h c_R): MC/predicted in [0.97, 1.03] (T = 5, 500 seeds)."""
     ratio, se = rate_ratio(kind, seeds=500, T=5)
     assert 0.97 <= ratio <= 1.03 and 4 * se < 0.03, (ratio, se)
 
@@ -212,7 +212,7 @@ def test_isotropic_rate_fast(kind):
 @pytest.mark.parametrize("kind", ["gaussian", "srht", "ams", "countsketch", "sparse_i", "sparse_ii", "uniform"])
 @pytest.mark.parametrize("step", [1.0, 0.5])
 def test_isotropic_rate_all_kinds(kind, step):
-    """§7 B9 as specified: d = 64, b = 8, N = 4, T = 15, η ∈ {1, 0.5}/(h c_R); 1000 seeds."""
+    """The reference set-up: d = 64, b = 8, N = 4, T = 15, η ∈ {1, 0.5}/(h c_R); 1000 seeds."""
     ratio, se = rate_ratio(kind, seeds=1000, T=15, step=step)
     assert 0.97 <= ratio <= 1.03, (ratio, se)
 
@@ -228,7 +228,7 @@ def heterogeneous_quadratics(d=32, N=8, seed=0):
 
 @pytest.mark.parametrize("kind", ["none", "gaussian", "srht", "countsketch"])
 def test_no_sketch_noise_floor_same_fixed_point_as_local_gd(kind):
-    """K = 5 > 1: sketched local GD converges to unsketched local GD's w_∞ (≤ 1e-10), and w_∞ ≠ w* (§7 B10)."""
+    """K = 5 > 1: sketched local GD converges to unsketched local GD's w_∞ (≤ 1e-10), and w_∞ ≠ w* (client drift)."""
     d, K, eta = 32, 5, 0.02
     Hs, As = heterogeneous_quadratics(d)
     eye = torch.eye(d, dtype=torch.float64)
@@ -263,7 +263,7 @@ def rounds_to_target(kind, b, seed, d=64, N=10, kappa=10.0, target=1e-6, max_rou
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gaussian", "srht", "countsketch"])
 def test_communication_table(kind):
-    """§7 B14: per-round uplink falls by d/b, total uplink to 1e-6 stays within 1-2.5x of uncompressed GD (the spec's construction: 33 rounds)."""
+    """Sec. 5's trade: per-round uplink falls by d/b, total uplink to 1e-6 stays within 1-2.5x of uncompressed GD (33 rounds)."""
     d, N = 64, 10
     base = np.median([rounds_to_target("none", d, s) for s in range(10)])
     for b in (64, 32, 16, 8, 4):
@@ -274,7 +274,7 @@ def test_communication_table(kind):
 
 
 def test_communication_fast():
-    """§7 B14 at one size: Count-Sketch b = 16 needs ≈ c_R× GD's rounds, so its total uplink is 1-2.5x GD's."""
+    """The same at one size: Count-Sketch b = 16 needs ≈ c_R× GD's rounds, so its total uplink is 1-2.5x GD's."""
     base = np.median([rounds_to_target("none", 64, s) for s in range(3)])
     rounds = np.median([rounds_to_target("countsketch", 16, s) for s in range(3)])
     assert 1.0 <= rounds * 16 / (base * 64) <= 2.5

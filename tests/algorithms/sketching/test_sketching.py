@@ -63,7 +63,7 @@ def run_rounds(algo, datas, rounds):
 
 
 def test_none_equals_fedavg_full_batch_bitwise(datas):
-    """kind none: Alg. 1 == FedAvg with full-batch local GD, uniform weights and server lr η_global, bitwise (§7 B7)."""
+    """kind none: Alg. 1 == FedAvg with full-batch local GD, uniform weights and server lr η_global, bitwise."""
     sk = make(IterativeSketchingFL, sketch="none", lr=0.3, local_steps=3, server_lr=0.7)
     fa = make(FedAvg, lr=0.3, local_steps=3, batch_size=None, weighting="uniform", server_lr=0.7)
     states, _, _ = run_rounds(sk, datas, 4)
@@ -77,7 +77,7 @@ def test_none_equals_fedavg_full_batch_bitwise(datas):
 
 @pytest.mark.parametrize("kind", ["gaussian", "srht", "countsketch", "sparse_ii"])
 def test_k1_is_sketched_gradient_descent(datas, kind):
-    """K = 1, full batch: w^{t+1} = w^t − η_g η_l R_tᵀR_t ∇f(w^t), f = (1/N) Σ f_c, to 1e-12 (§7 B8).
+    """K = 1, full batch: w^{t+1} = w^t − η_g η_l R_tᵀR_t ∇f(w^t), f = (1/N) Σ f_c, to 1e-12 (App. E).
 
     The reference uses autograd of the whole objective and the dense R_t; it shares no code with the step.
     """
@@ -94,12 +94,12 @@ def test_k1_is_sketched_gradient_descent(datas, kind):
         R = make_sketch(kind, 100, spec.size, 3, t, 2).matrix()
         w = w - 0.5 * 0.4 * R.T @ (R @ g)
         assert float(torch.max(torch.abs(torch.tensor(states[t].params) - w))) < 1e-12
-    # replica consistency (§7 E25): the clients' replica at round 3's start equals the server's after round 2
+    # replica consistency: the clients' replica at round 3's start equals the server's after round 2
     assert all(np.array_equal(r.params, states[2].params) for r in replicas)
 
 
 def test_costs_and_broadcast_carry_b_numbers(datas):
-    """Upload Cost is b of d numbers (upload_vectors = b/d, 8b bytes in float64); no matrix travels (§7 A5, B14)."""
+    """Upload Cost is b of d numbers (upload_vectors = b/d, 8b bytes in float64); no matrix travels."""
     algo = make(IterativeSketchingFL, sketch="gaussian", b_sketch=50, lr=0.1, local_steps=2)
     states, _, outs = run_rounds(algo, datas, 2)
     d = algo.spec.size
@@ -112,7 +112,7 @@ def test_costs_and_broadcast_carry_b_numbers(datas):
 
 
 def test_dp_noise_matches_calibration_and_is_fresh(datas):
-    """DP noise: per-coordinate std within 1% of σ = sqrt(2 ln(1.25/δ̂))·2C/ε̂, mean 0, fresh per client and round (§7 C15).
+    """DP noise: per-coordinate std within 1% of σ = sqrt(2 ln(1.25/δ̂))·2C/ε̂, mean 0, fresh per client and round (Lemma H.7).
 
     With C far above every per-example gradient norm clipping is inactive, so the DP update minus the
     noiseless one (same batches) is exactly −η ξ.
@@ -198,7 +198,7 @@ def isotropic_clients(seed: int, n: int = 16, k: int = 8, N: int = 4):
 
 def dp_floor_ratio(kind: str, b: int, eta: float, c_R: float, seeds: int, rounds: int, burn: int = 50) -> float:
     """MC / predicted E‖w − w*‖² of Algorithm 2 (K = 1, full batch) run by IterativeSketchingFL on `isotropic_clients`,
-    averaged over rounds burn+1..rounds; the prediction is §5.5's η² c_R d σ² / (N (2ηh − η²h²c_R)).
+    averaged over rounds burn+1..rounds; the prediction is the README's η² c_R d σ² / (N (2ηh − η²h²c_R)).
 
     σ = sqrt(2 ln(1.25/δ̂))·2C/ε̂ is computed here by hand; C = 100 is far above every per-example gradient norm
     (≤ 16‖w − a_c‖ < 40 here), so clipping is inactive and the model stays exactly quadratic.
@@ -224,7 +224,7 @@ def dp_floor_ratio(kind: str, b: int, eta: float, c_R: float, seeds: int, rounds
     ("countsketch", 32, 0.1, 1 + 127 / 32, 2, 250),
 ])
 def test_dp_noise_floor_of_the_algorithm(kind, b, eta, c_R, seeds, rounds):
-    """§5.5/§7 C17: the DP noise floor of IterativeSketchingFL's own steps matches the exact isotropic formula within 5%
+    """The DP noise floor of IterativeSketchingFL's own steps matches the exact isotropic formula within 5%
     (d = 128, N = 4; the seeds' spread is about 1.5%)."""
     assert abs(dp_floor_ratio(kind, b, eta, c_R, seeds, rounds) - 1) < 0.05
 
@@ -241,7 +241,7 @@ def test_dp_noise_floor_of_the_algorithm_all_kinds(kind, b, c_R):
 
 
 def test_dp_error_grows_as_epsilon_falls(datas):
-    """Privacy-utility: the final training loss increases as ε̂ decreases, at fixed b (§7 C18)."""
+    """Privacy-utility: the final training loss increases as ε̂ decreases, at fixed b."""
     losses = []
     for eps in (0.9, 0.3, 0.05):
         algo = make(IterativeSketchingFL, model="logreg", sketch="countsketch", b_sketch=130, lr=0.5, local_steps=1,

@@ -1,5 +1,5 @@
 """App. C compression (FedFisher, algorithms/fedfisher/README.md): the quantizer's grid, Eckart-Young for the
-truncated SVD, and the uplink bits of LeNet against the spec's per-layer shapes (about 1.03 x 32d for K-FAC)."""
+truncated SVD, and the uplink bits of LeNet against its per-layer factor shapes (about 1.03 x 32d for K-FAC)."""
 import numpy as np
 import pytest
 import torch
@@ -8,7 +8,7 @@ from raysim.algorithms.fedfisher.fisher import kfac_fisher
 from raysim.algorithms.fedfisher.fisher.compress import Compression, low_rank, paper_rank, quantize
 from raysim.models import ModelConfig, ParamSpec, build_model
 
-# spec §2.4: LeNet's (dim A, dim G) per layer, and its parameter tensors
+# LeNet's (dim A, dim G) per layer (App. C's m_{l-1}, m_l), and its parameter tensors
 LENET_FACTORS = [(25, 6), (150, 16), (256, 120), (120, 84), (84, 10)]
 LENET_D, LENET_TENSORS = 44_190, 5
 
@@ -48,7 +48,7 @@ def lenet_upload():
 
 
 def test_lenet_kfac_uplink_is_about_32d_bits_as_the_code_counts_it(lenet_upload):
-    """The code's self-check (d_new + 16d)/(32d) ≈ 1.03 (spec §7.1 item 8): rank int(2d/Σ(2a + 2g + 2)) = 50,
+    """The code's self-check (d_new + 16d)/(32d) ≈ 1.03 (App. C): rank int(2d/Σ(2a + 2g + 2)) = 50,
     9-bit U, S, V and three 32-bit scales per factor, 16-bit weights with one scale per tensor."""
     params, kfac, spec = lenet_upload
     rank = int(2 * LENET_D / sum(2 * a + 2 * g + 2 for a, g in LENET_FACTORS))
@@ -57,14 +57,14 @@ def test_lenet_kfac_uplink_is_about_32d_bits_as_the_code_counts_it(lenet_upload)
     expect = 16 * LENET_D + 32 * LENET_TENSORS + d_new
     weights, sent, bits = Compression("paper").apply(params, kfac, spec)
     assert bits == expect
-    assert 1.02 < bits / (32 * LENET_D) < 1.04  # vs 4.0 x 32d uncompressed (spec §2.4)
+    assert 1.02 < bits / (32 * LENET_D) < 1.04  # vs 4.0 x 32d uncompressed (App. C)
     for b, s in zip(kfac.blocks, sent.blocks):  # the factors the server uses are the rank-50 reconstructions
         assert np.linalg.matrix_rank(s.A) <= min(len(b.A), 50) and np.linalg.matrix_rank(s.G) <= min(len(b.G), 50)
     assert np.abs(weights - params).max() < np.abs(params).max() / 2**15
 
 
 def test_lenet_diag_uplink_is_32_bits_per_parameter_plus_the_scales(lenet_upload):
-    """Diag: weights and diagonal at 16 bits, one 32-bit scale per tensor each: 32(d + 2L) (spec §2.7)."""
+    """Diag: weights and diagonal at 16 bits, one 32-bit scale per tensor each: 32(d + 2L) (App. C)."""
     params, _, spec = lenet_upload
     diag = np.random.default_rng(2).exponential(1.0, spec.size)
     _, sent, bits = Compression("paper").apply(params, diag, spec)

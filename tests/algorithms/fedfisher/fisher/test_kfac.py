@@ -1,4 +1,4 @@
-"""K-FAC factors: exactness for one sample, the mv convention, PSD, scaling, payload sizes (spec §7.1 2-4, 8)."""
+"""K-FAC factors: exactness for one sample, the mv convention, PSD, scaling, payload sizes (Sec. 4, App. C)."""
 import numpy as np
 import pytest
 import torch

@@ -70,7 +70,7 @@ def test_features_are_the_gradient_and_the_fisher_is_a_gram_matrix():
 @pytest.mark.parametrize("width, n, steps", [(6, 8, 37), (16, 8, 200), (3, 10, 1)])
 def test_spectral_filter_equals_explicit_server_gd(width, n, steps):
     """T explicit steps W ← W − η_S Σ_i F_i (W − W̃_i) from W̄ (Alg. 1), with F_i = (1/n) Σ_j φ_ij φ_ijᵀ summed sample
-    by sample, equal the closed-form filter of §2.8 to 1e-10 (d < N, d > N and T = 1)."""
+    by sample, equal the closed-form filter (README) to 1e-10 (d < N, d > N and T = 1)."""
     a, x, y, local = trained(width, n, steps=40)
     fishers = [sum(np.outer(f, f) for f in features(a, w, xi)) / n for w, xi in zip(local, x)]
     server_lr = 0.9 / np.linalg.eigvalsh(sum(fishers)).max()
@@ -84,7 +84,7 @@ def test_spectral_filter_equals_explicit_server_gd(width, n, steps):
 
 def test_pinv_limit_reproduces_the_local_predictions():
     """With Ã of full row rank (d = 128 > N = 20), T = ∞ gives Ã W* = ỹ: the proxy outputs reproduce every local
-    model's predictions on its own data (eq. (96)), to 1e-8; W* = W̄ + F⁺(b − F W̄) (§1.2) and long GD converges
+    model's predictions on its own data (eq. (96)), to 1e-8; W* = W̄ + F⁺(b − F W̄) (Lemma 1's proof) and long GD converges
     to it (Lemma 1)."""
     n = 10
     a, x, y, local = trained(width=64, n=n, steps=100)
@@ -106,7 +106,7 @@ def test_pinv_limit_reproduces_the_local_predictions():
 
 @pytest.mark.parametrize("steps", [1, 1e4, math.inf])
 def test_identical_clients_give_the_common_model(steps):
-    """Identical data ⇒ identical local models ⇒ FedFisher = FedAvg = that model (§7.1 item 7)."""
+    """Identical data ⇒ identical local models ⇒ FedFisher = FedAvg = that model."""
     a, x, y, local = trained(width=16, n=20, steps=50, identical=True)
     assert np.array_equal(local[0], local[1])
     w_bar = fedavg(local)
@@ -156,7 +156,7 @@ def test_global_error_is_the_mean_over_all_points():
 
 @pytest.mark.slow
 def test_fig1_qualitative_targets():
-    """Spec §7.2 targets on 10-seed means (sd across seeds ≈ 0.7-0.9, so 5 seeds can flip neighbouring points):
+    """Fig. 1's trends on 10-seed means (sd across seeds ≈ 0.7-0.9, so 5 seeds can flip neighbouring points):
     (a) at K = 2048 the finite-T FedFisher error is non-increasing in m ∈ {32, 128, 512, 2048};
     (b) at m = 512 the T = 1e5 error is U-shaped in K ∈ {16, ..., 4096} with its minimum at K ∈ {64, 256};
     (c) FedFisher (T = 1e4, 1e5) < FedAvg at every m ≥ 512 (K = 2048) and every K ≥ 64 (m = 512)."""

@@ -1,4 +1,4 @@
-"""The FedFisher server problem: Lemma 1, the Diag/FisherMerge identity (§2.9), invariances, the
+"""The FedFisher server problem: Lemma 1, the Diag/FisherMerge identity (README), invariances, the
 code's optimizer and the validation selection (FedFisher, algorithms/fedfisher/README.md)."""
 import numpy as np
 import pytest
@@ -213,7 +213,7 @@ def test_code_adam_update_without_bias_correction_and_eps_placement():
 
 
 def test_kfac_update_has_epsilon_inside_the_square_root():
-    """The code's K-FAC rule w -= lr m / sqrt(v + ε) (spec §2.6), by hand for 3 steps on one bias-free 2x2 layer
+    """The code's K-FAC rule w -= lr m / sqrt(v + ε) (the code's App. D.3 Adam), by hand for 3 steps on one bias-free 2x2 layer
     with ∇Φ = (G ⊗ A)(w − w_1) from np.kron; |g| ~ 0.05 ~ sqrt(ε)/2, where ε outside the sqrt moves w 1.2-1.8x as far."""
     layer = nn.Linear(2, 2, bias=False).double()
     spec = ParamSpec.of(layer)
