@@ -18,7 +18,7 @@ from torch.func import vmap
 
 from raysim.models import ParamSpec
 
-CPU_CALL_MACS = 10_000_000  # a CPU call's forward multiply-adds: about what its vmap and autograd bookkeeping costs
+CPU_CALL_MACS = 10_000_000  # a CPU call's forward multiply-adds: at least what its vmap and autograd bookkeeping costs
 CPU_MAX_WIDTH = 64  # a tiny model's calls: past this the bookkeeping saved is a few percent
 DEVICE_WIDTH = 256  # clients a call on an accelerator, where a call's launches, not its arithmetic, set the pace
 
@@ -55,8 +55,9 @@ def sample_macs(module: nn.Module, feature_shape: tuple, dtype: torch.dtype) -> 
 
 def vmap_width(device: torch.device, client_macs: int, clients_per_round: int) -> int:
     """The clients every vmapped call takes: on a CPU about as many as make CPU_CALL_MACS (a power of two, 1 to
-    CPU_MAX_WIDTH), so that a lone client's padding and a large shard's calls each cost at most about twice the one
-    call an unpadded shard makes; DEVICE_WIDTH on an accelerator; never more than a round's clients."""
+    CPU_MAX_WIDTH), so that a shard of many clients runs within about 1.15x of one call of them all, and a shard of
+    few pays its padding (for a tiny CNN a lone client costs up to 6x, `benchmarks/vmapped.py`); DEVICE_WIDTH on an
+    accelerator; never more than a round's clients."""
     if device.type == "cpu":
         width = min(CPU_MAX_WIDTH, 2 ** round(math.log2(max(CPU_CALL_MACS / max(client_macs, 1), 1.0))))
     else:
