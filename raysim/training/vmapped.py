@@ -41,13 +41,14 @@ def sample_macs(module: nn.Module, feature_shape: tuple, dtype: torch.dtype) -> 
 
     device = next(module.parameters()).device
     handles = [m.register_forward_hook(count) for m in module.modules()]
-    training = module.training
+    modes = [(m, m.training) for m in module.modules()]  # each its own: a model may hold frozen parts in eval mode
     try:
         module.eval()
         with torch.no_grad():
             module(torch.zeros((1, *feature_shape), dtype=dtype, device=device))
     finally:
-        module.train(training)
+        for m, mode in modes:
+            m.training = mode
         for h in handles:
             h.remove()
     return total
@@ -55,7 +56,7 @@ def sample_macs(module: nn.Module, feature_shape: tuple, dtype: torch.dtype) -> 
 
 def vmap_width(device: torch.device, client_macs: int, clients_per_round: int) -> int:
     """The clients every vmapped call takes: on a CPU about as many as make CPU_CALL_MACS (a power of two, 1 to
-    CPU_MAX_WIDTH), so that a shard of many clients runs within about 1.15x of one call of them all, and a shard of
+    CPU_MAX_WIDTH), so that a shard of many clients runs within about 1.4x of one call of them all, and a shard of
     few pays its padding (for a tiny CNN a lone client costs up to 6x, `benchmarks/vmapped.py`); DEVICE_WIDTH on an
     accelerator; never more than a round's clients."""
     if device.type == "cpu":

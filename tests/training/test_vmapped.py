@@ -64,6 +64,9 @@ def test_a_samples_multiply_adds_are_counted_layer_by_layer():
     module = build_model(ModelConfig(name="cnn", channels=[8, 8]), (64,), (1, 8, 8), 10)
     assert sample_macs(module, (64,), torch.float32) == 4608 + 512 + 128 + 9216 + 128 + 32 + 32 + 320 + 64
     assert module.training  # counted in eval mode, and left as it was
+    module[1].eval()  # a part frozen in eval mode stays so
+    sample_macs(module, (64,), torch.float32)
+    assert [m.training for m in module] == [True, False] + [True] * (len(module) - 2)
 
 
 @pytest.mark.parametrize("client_macs, per_round, width", [
