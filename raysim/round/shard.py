@@ -335,7 +335,7 @@ class ClientShard:
         """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
-        u = self.system.compute_uniforms(round, ids)  # one draw of the round's stream, the quantiles on the threads
+        u = self.system.compute_uniforms(round, ids)  # one draw of the round's stream, the quantiles by chunk
         in_order = bool(np.all(ids[1:] >= ids[:-1]))
 
         def times_of(s: slice, costs: Costs) -> np.ndarray:
@@ -357,8 +357,8 @@ class ClientShard:
         out, cpu, finished = self._steps(round, ids, broadcast, fail, finish)
         if finished is not None:
             times = np.concatenate([t for t, _ in finished])
-        else:
-            times = np.concatenate(self._map(lambda s: times_of(s, out.costs.take(s)), len(ids))) if len(ids) else np.zeros(0)
+        else:  # one call (a GPU shard, a per-client algorithm): on 16 host threads the same quantiles took 15x as long
+            times = times_of(slice(0, len(ids)), out.costs) if len(ids) else np.zeros(0)
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
         replies: list = []
