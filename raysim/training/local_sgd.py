@@ -90,7 +90,7 @@ def label_logits(out: torch.Tensor, y: torch.Tensor, masked: bool | None = None)
     default off the CPU), where a gather's backward, a scatter, is a sort under deterministic algorithms. The same
     bits both ways, and the same gradient (a masked copy of the incoming one, as the scatter writes it)."""
     if out.device.type != "cpu" if masked is None else masked:
-        return torch.where(y.unsqueeze(-1) == torch.arange(out.shape[-1], device=out.device), out, 0.0).sum(-1)
+        return torch.where(one_hot(y, out.shape[-1], torch.bool), out, 0.0).sum(-1)
     return out.gather(-1, y.unsqueeze(-1)).squeeze(-1)
 
 

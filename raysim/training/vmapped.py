@@ -92,28 +92,26 @@ class VmappedGrad:
         self.width = vmap_width(device, macs * batch_width, clients_per_round)  # counted here, never by two threads
         self._losses = vmap(loss)
 
-    def _call(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """One call's gradients: the parameters leaves of their own, so the backward writes each one's gradient
-        once (not summed into views of the whole row, a full-row add per tensor)."""
+    def _grads(self, loss: Callable[..., torch.Tensor], theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+               w: torch.Tensor) -> torch.Tensor:
+        """∇ of the summed `loss` at θ (one client's row [d], or one call's rows [width, d]): the parameters leaves of
+        their own, so the backward writes each one's gradient once (not summed into views of the whole row)."""
         with torch.enable_grad():
             params = {n: p.detach().requires_grad_() for n, p in self.spec.unflatten(theta).items()}
-            grads = torch.autograd.grad(self._losses(params, x, y, w).sum(), list(params.values()))
+            grads = torch.autograd.grad(loss(params, x, y, w).sum(), list(params.values()))
         return self.spec.flatten(dict(zip(params, grads)))
 
-    def _one(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """One client's gradient [d], not vmapped: at width 1 a vmapped call's bookkeeping would be a fifth of it."""
-        with torch.enable_grad():
-            params = {n: p.detach().requires_grad_() for n, p in self.spec.unflatten(theta).items()}
-            grads = torch.autograd.grad(self.loss(params, x, y, w), list(params.values()))
-        return self.spec.flatten(dict(zip(params, grads)))
+    def _call(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """One vmapped call's gradients [width, d]."""
+        return self._grads(self._losses, theta, x, y, w)
 
     def __call__(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """The clients' gradients [k, d], written into `out` when given."""
-        if self.width == 1:
+        if self.width == 1:  # one client at a time, not vmapped: a vmapped call's bookkeeping would be a fifth of it
             out = torch.empty_like(theta) if out is None else out
             for i in range(len(theta)):
-                out[i] = self._one(theta[i], x[i], y[i], w[i])
+                out[i] = self._grads(self.loss, theta[i], x[i], y[i], w[i])
             return out
         g = in_fixed_calls(self._call, self.width, theta, x, y, w)
         return g if out is None else out.copy_(g)
