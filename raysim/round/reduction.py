@@ -130,8 +130,13 @@ Schedule = tuple[np.ndarray | None, list[tuple[np.ndarray, np.ndarray]], np.ndar
 def tree_schedule(ids: np.ndarray, blocks: list[tuple[int, int]]) -> Schedule:
     """The tree over the clients `ids` within their owned `blocks`, planned on the host: the order that sorts the
     ids (None when sorted, as a round's are), each level's pairs (rows a, b: row a takes a + b; rows count the
-    leaves in id order), and the rows that end up holding the nodes, with each node's block (start, size)."""
+    leaves in id order), and the rows that end up holding the nodes, with each node's block (start, size). From
+    COMPILED_MIN ids the levels are compiled (`tree_kernel.schedule`: the same arrays)."""
     order, rep, starts, sizes, block = _leaves(ids, blocks)  # rep: a leaf id of each node, left to right
+    if rep.size >= compiled.COMPILED_MIN:
+        from raysim.round.tree_kernel import schedule
+        pairs, row, block = schedule(rep, block, sizes[block])
+        return order, pairs, row, starts[block], sizes[block]
     row = np.arange(rep.size)  # the row that holds each node's value
     limit = sizes[block]  # a node rises no higher than its owned block
     level, pairs = 0, []

@@ -147,6 +147,30 @@ def test_the_gpus_sums_into_fresh_rows_give_the_in_place_bits():
         assert fresh.shape[0] == len(nodes) and (kept.size < 2 or pairs or len(nodes) == kept.size), trial
 
 
+def test_the_compiled_schedule_is_the_numpy_levels(monkeypatch):
+    """From COMPILED_MIN ids the tree's schedule (a GPU shard's) is compiled: the very order, pairs a level, node rows
+    and blocks of the NumPy levels, over 200 random federations, shards (blocks of every size, some of one client)
+    and unsorted surviving clients."""
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 3000))
+        owned = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+        kept = owned[rng.random(owned.size) < rng.uniform(0.05, 1)]
+        if trial % 2:
+            rng.shuffle(kept)
+        blocks = cover(owned.tolist(), n)
+        monkeypatch.setattr(compiled, "COMPILED_MIN", 10**9)
+        want = tree_schedule(kept, blocks)
+        monkeypatch.setattr(compiled, "COMPILED_MIN", 0)
+        got = tree_schedule(kept, blocks)
+        assert (want[0] is None) == (got[0] is None) and (want[0] is None or np.array_equal(want[0], got[0])), trial
+        assert len(want[1]) == len(got[1]), trial
+        for (a, b), (c, d) in zip(want[1], got[1]):
+            assert np.array_equal(a, c) and np.array_equal(b, d), trial
+        for w, g in zip(want[2:], got[2:]):
+            assert np.array_equal(w, g), trial
+
+
 @pytest.mark.parametrize("compiled_min", [pytest.param(0, id="compiled"), pytest.param(10**9, id="tensor-ops")])
 def test_a_wide_field_summed_a_column_slice_per_thread_gives_the_same_bits(monkeypatch, compiled_min):
     """A field of 5,000 columns summed on 4 threads (a slice of columns each) gives the one thread's bits."""
