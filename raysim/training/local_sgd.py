@@ -253,12 +253,18 @@ def batch_plans(sizes: np.ndarray, batch_size: int | None, local_steps: int | No
     step s takes samples idx[i, s] where w[i, s] is 1; padding (a short last batch, a client with fewer steps, a
     width beyond its batch) has weight 0. A client's plan is a function of its key, its size and the settings
     only, not of which clients share the call (`width`, at least the largest batch among them, only pads). NumPy
-    arrays, or with `device` the same plans as tensors drawn there (a GPU shard's, with no host work per client;
-    a CPU's from NumPy's, the faster on the host)."""
+    arrays, or with `device` the same plans as tensors there: a CPU's from NumPy's, an accelerator's drawn there (with
+    no host work per client) or, from COMPILED_MIN clients, by the compiled kernel on every host core and copied
+    (a few launches, where the draw there is some hundred)."""
     n, b, per_epoch, steps = _passes(sizes, batch_size, local_steps, local_epochs)
     epochs = -(-steps // per_epoch)  # passes begun
     width = max(int(b.max()), width or 0)
     on = torch.device("cpu" if device is None else device)
+    if on.type != "cpu" and len(n) >= compiled.COMPILED_MIN:  # on the host's cores, then one copy of each
+        from raysim.training.plan_kernel import device_host_plans
+        idx, w = device_host_plans(n, b, per_epoch, steps, keys, int(steps.max()), width)
+        return BatchPlan(*(torch.from_numpy(a).to(on, non_blocking=True).to(t) for a, t in ((idx, torch.int64),
+                                                                                          (w, torch.float64))))
     if on.type != "cpu":
         return _device_plans(n, b, per_epoch, steps, epochs, keys, width, on)
     idx, w = _host_plans(n, b, per_epoch, steps, epochs, keys, width)

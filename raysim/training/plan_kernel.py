@@ -4,7 +4,10 @@ their plans at once instead of taking turns at thousands of small NumPy calls. T
 on every path, bit for bit (Salmon et al., SC 2011, for Philox4x32-10)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+from numba import get_num_threads, prange
 
 from raysim.core.compiled import jit
 from raysim.core.keys import MULTIPLIERS, ROUNDS, WEYL, Keys, key_words
@@ -114,4 +117,34 @@ def host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.nd
     clients, sizes, batch, a_pass, taken = (np.ascontiguousarray(a, dtype=np.int64)
                                             for a in (keys.clients, n, b, per_epoch, steps))
     _fill(clients, sizes, batch, a_pass, taken, *key_words(keys.seed, keys.round, keys.purpose), idx, w)
+    return idx, w
+
+
+PART_MIN = 256  # clients a thread of `device_host_plans` takes at least
+_ONE_CALL = threading.Lock()  # numba's fallback threading layer (workqueue) aborts on concurrent parallel calls
+
+
+@jit(parallel=True)
+def _fill_parts(clients, n, b, per_epoch, steps, round_word, purpose_word, k0, k1, idx, w, parts):
+    """`_fill` of `parts` consecutive slices of the clients, one a thread (each client's plan is its own, so the
+    slices do not change a bit)."""
+    k = clients.size
+    for p in prange(parts):
+        lo, hi = p * k // parts, (p + 1) * k // parts
+        _fill(clients[lo:hi], n[lo:hi], b[lo:hi], per_epoch[lo:hi], steps[lo:hi], round_word, purpose_word, k0, k1,
+              idx[lo:hi], w[lo:hi])
+
+
+def device_host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, keys: Keys, S: int,
+                      width: int) -> tuple[np.ndarray, np.ndarray]:
+    """`host_plans` for an accelerator's shard, on all of numba's threads at once and in the narrow types a copy to
+    the device moves fastest: the sample indices as int32 (positions within a client) and the weights as uint8."""
+    k = len(n)
+    idx = np.empty((k, S, width), dtype=np.int32 if int(np.max(n, initial=0)) < 2**31 else np.int64)
+    w = np.empty((k, S, width), dtype=np.uint8)
+    clients, sizes, batch, a_pass, taken = (np.ascontiguousarray(a, dtype=np.int64)
+                                            for a in (keys.clients, n, b, per_epoch, steps))
+    with _ONE_CALL:
+        _fill_parts(clients, sizes, batch, a_pass, taken, *key_words(keys.seed, keys.round, keys.purpose), idx, w,
+                    max(1, min(get_num_threads(), k // PART_MIN)))
     return idx, w

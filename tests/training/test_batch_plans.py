@@ -5,6 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
+from raysim.core import compiled
 from raysim.core.keys import Keys
 from raysim.core.rng import stream
 from raysim.training import batch_plan, batch_plans, local_sgd
@@ -54,7 +55,7 @@ def test_a_pass_is_a_uniform_permutation():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"))])
-def test_plans_drawn_on_a_device_are_the_hosts(device):
+def test_plans_drawn_on_a_device_are_the_hosts(monkeypatch, device):
     """The device's path (torch's size classes, here on CPU tensors or a GPU) draws the host's NumPy plans (its
     exact-size groups and size classes), entry for entry, for steps or epochs."""
     rng = np.random.default_rng(4)
@@ -69,6 +70,11 @@ def test_plans_drawn_on_a_device_are_the_hosts(device):
         assert np.array_equal(there.w.cpu().numpy(), host.w) and host.idx.dtype == np.int64
         tensors = batch_plans(sizes, batch_size, steps, epochs, keys, width=40, device=device)
         assert tensors.idx.device.type == device and np.array_equal(tensors.idx.cpu().numpy(), host.idx)
+        monkeypatch.setattr(compiled, "COMPILED_MIN", sizes.size)  # an accelerator's: the host's cores, then copied
+        copied = batch_plans(sizes, batch_size, steps, epochs, keys, width=40, device=device)
+        monkeypatch.setattr(compiled, "COMPILED_MIN", sizes.size + 1)
+        assert copied.idx.device.type == device and copied.idx.dtype == torch.int64 and copied.w.dtype == torch.float64
+        assert np.array_equal(copied.idx.cpu().numpy(), host.idx) and np.array_equal(copied.w.cpu().numpy(), host.w)
 
 
 def test_the_host_draws_a_common_size_alone_and_the_rest_by_size_class():

@@ -54,3 +54,21 @@ def test_the_compiled_plans_are_the_numpy_plans(monkeypatch, batch_size, local_s
     assert kernel.idx.dtype == numpy.idx.dtype and kernel.w.dtype == numpy.w.dtype
     np.testing.assert_array_equal(kernel.idx, numpy.idx)
     np.testing.assert_array_equal(kernel.w, numpy.w)
+
+
+@pytest.mark.parametrize("part_min", [1, 37, 10**6])
+def test_an_accelerators_host_plans_split_over_threads_are_the_plans(monkeypatch, part_min):
+    """An accelerator's shard draws its plans on every host core (slices of the clients, one a thread) in narrow
+    types: every client's plan is `host_plans`', entry for entry, however the clients are sliced."""
+    monkeypatch.setattr(plan_kernel, "PART_MIN", part_min)
+    rng = np.random.default_rng(12)
+    sizes = rng.integers(1, 90, 700)
+    keys = Keys(2**40 + 3, 2, np.sort(rng.choice(2**33, sizes.size, replace=False)), "step")
+    for batch_size, local_steps, local_epochs in [(5, 5, None), (None, None, 2), (3, None, 3)]:
+        n, b, per_epoch, steps = local_sgd._passes(sizes, batch_size, local_steps, local_epochs)
+        S, width = int(steps.max()), int(b.max()) + 3
+        idx, w = plan_kernel.device_host_plans(n, b, per_epoch, steps, keys, S, width)
+        want_idx, want_w = plan_kernel.host_plans(n, b, per_epoch, steps, keys, S, width)
+        assert idx.dtype == np.int32 and w.dtype == np.uint8
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(w, want_w)
