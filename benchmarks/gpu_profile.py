@@ -7,9 +7,9 @@ It prints
 - a torch.profiler summary of three rounds: kernels a round, launches and their host time, the device busy time,
   and the ops by host time,
 - the phases of a shard's round, each timed with the device drained (the batch plans, local SGD, the uploads, the
-  compute-time quantiles, the reduction tree, the server's parts), and beside them the same batch plans drawn on
-  the host's threads (compiled, in chunks of at least 2,048 clients) and copied to the device (checked equal to the
-  device's): whether the host should draw them.
+  compute-time quantiles, the reduction tree, the server's parts), and beside the round's batch plans (from 2,048
+  clients drawn by the host's compiled kernel on every core and copied) the same plans drawn by torch's operations
+  on the device (checked equal): which way is the faster.
 
 A round bound by the host's launches shows launches' host time near the round and the device busy for a fraction
 of it; a wait in the middle of a round stops the host's quantiles overlapping the device's steps.
@@ -38,14 +38,13 @@ from torch.profiler import ProfilerActivity, profile
 from gpu import config
 from raysim import plugins
 from raysim.config import load_config
-from raysim.core import compiled
 from raysim.core.keys import Keys
 from raysim.data import build_federated
 from raysim.round.engine import RoundEngine
 from raysim.round.experiment import Experiment
 from raysim.round.reduction import reduce_stacked
 from raysim.round.shard import ClientShard, ShardResult
-from raysim.training.local_sgd import BatchPlan, batch_plans
+from raysim.training.local_sgd import BatchPlan, _device_plans, _passes
 
 
 class Rounds:
@@ -101,18 +100,15 @@ class Rounds:
         tick("data, keys and compute-time uniforms")
         plans = algo._plans(batch.sizes, keys, algo.batch_width)
         tick("batch plans")
-        drawn = self.host_plans(batch.sizes, ids, r)
-        tick("(or plans drawn by host threads)")
+        drawn = self.device_plans(batch.sizes, ids, r)
+        tick("(or plans drawn by device ops)")
         if not all(torch.equal(a, b) for a, b in ((drawn.idx, plans.idx), (drawn.w, plans.w))):
-            raise AssertionError("the host's batch plans differ from the device's")
+            raise AssertionError("the device's batch plans differ from the round's")
         deltas = algo._train(None, batch, plans, rp.plan.broadcast)
         tick("local SGD")
         replies, costs = algo._uploads(deltas, batch.sizes, keys)
         tick("uploads")
-        def quantiles(s: slice) -> np.ndarray:
-            return shard.system.client_compute_times(r, ids[s], costs.take(s), u[s])
-
-        compute_times = np.concatenate(shard._map(quantiles, len(ids)))
+        compute_times = shard.system.client_compute_times(r, ids, costs, u)  # one call, as a GPU shard's
         tick("compute-time quantiles")
         parts = reduce_stacked(ids, replies, shard.blocks)
         tick("reduction tree")
@@ -122,23 +118,13 @@ class Rounds:
         tick("server: rows")
         return times
 
-    def host_plans(self, sizes: np.ndarray, ids: np.ndarray, r: int) -> BatchPlan:
-        """The round's batch plans as the host draws them, then copied to the device: the alternative to drawing them
-        there (the same plans, bit for bit). A chunk on each of the shard's threads, of at least COMPILED_MIN clients
-        where the round has them, so that each chunk is one compiled call (no interpreter lock) and the chunks run
-        at once; smaller rounds are one NumPy call."""
+    def device_plans(self, sizes: np.ndarray, ids: np.ndarray, r: int) -> BatchPlan:
+        """The round's batch plans drawn on the device by torch's operations (the path below COMPILED_MIN clients):
+        the alternative to the host's compiled draw and one copy, the same plans bit for bit."""
         p, algo = self.shard.algo.params, self.shard.algo
-
-        def chunk(s: slice) -> BatchPlan:
-            return batch_plans(sizes[s], p.batch_size, p.local_steps, p.local_epochs,
-                               Keys(self.cfg.seed, r, ids[s], "step"), algo.batch_width)
-
-        parts = self.shard._map(chunk, len(ids), max(1, len(ids) // compiled.COMPILED_MIN))
-        steps = max(q.idx.shape[1] for q in parts)  # chunks of shorter plans padded with weight 0
-        pad = [((0, 0), (0, steps - q.idx.shape[1]), (0, 0)) for q in parts]
-        idx = np.concatenate([np.pad(q.idx, w) for q, w in zip(parts, pad)])
-        w = np.concatenate([np.pad(q.w, w) for q, w in zip(parts, pad)])
-        return BatchPlan(torch.from_numpy(idx).to(self.device), torch.from_numpy(w).to(self.device))
+        n, b, per_epoch, steps = _passes(sizes, p.batch_size, p.local_steps, p.local_epochs)
+        return _device_plans(n, b, per_epoch, steps, -(-steps // per_epoch), Keys(self.cfg.seed, r, ids, "step"),
+                             max(int(b.max()), algo.batch_width or 0), torch.device(self.device))
 
 
 def waits(rounds: Rounds) -> collections.Counter:

@@ -79,7 +79,7 @@ def steady_round(per_round: int, rounds: int, backend: str) -> float:
 def vectorized_limit(tree: dict, threads: int, device: str = "cpu") -> float:
     """Seconds a round of the experiment `tree`'s arithmetic takes in one process on `threads` torch threads and
     `device`: the stacked local steps of its clients a round (their data already stacked on the device, their batch
-    plans drawn), the weighted mean, and the evaluation every `eval.every` rounds."""
+    plans drawn), the weighted mean, and the evaluation every `eval.every` rounds and at the last, as raysim's."""
     cfg = load_config(tree)
     dtype = DTYPES[cfg.model.dtype]
     if device == "cuda":
@@ -104,7 +104,7 @@ def vectorized_limit(tree: dict, threads: int, device: str = "cpu") -> float:
         deltas = algo._train(None, batch, plans, plan.broadcast)
         weights = torch.from_numpy(batch.sizes).to(device, deltas.dtype)
         state = type(state)(state.params + host((weights[:, None] * deltas).sum(0) / weights.sum()))
-        if t % cfg.eval.every == 0:
+        if cfg.evaluates(t):  # as raysim's rounds: every eval.every rounds and the last
             algo.evaluate(state, evaluation)
         sync(device)
         times.append(time.perf_counter() - t0)
