@@ -354,9 +354,10 @@ class RoundServer:
 
     def run_round(self, round: int) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
         """One synchronized round (or, under a buffered or async schedule, one server update); returns the results row, the per-client rows and the federated evaluation's
-        rows. Under the virtual clock the next round goes to the client actors before this one is evaluated: they
-        train while this process evaluates and the runner writes (the same calls in the same order, so the same
-        numbers); a federated evaluation goes to them before it."""
+        rows. Under the virtual clock the next round goes to the client actors once this one's replies are in the
+        state, before its timing is booked (unless the next plan reads it) and before it is evaluated: they train
+        while this process books, evaluates and the runner writes (the same calls, so the same numbers); a federated
+        evaluation goes to them before it."""
         if self.scheduled is not None:
             return self._run_update(round)
         if self.cfg.system.clock.mode == "real":  # the real clock restarts no actor: nothing to replay
@@ -374,16 +375,21 @@ class RoundServer:
             rp, results, late = sent.rp, self._virtual(sent), set()
             if len(rp.clients):
                 self.replay.append((round, sent.by_actor, sent.bref))
-        out = self.engine.aggregate(rp, results, late)
+        updated = self.engine.update(rp, results, late)
         saved = self.run_dir is not None and self.engine.checkpoint_due(round)
+        ahead = self.cfg.system.clock.mode == "virtual" and round < self.cfg.algorithm.rounds
+        early = ahead and not saved and self.engine.timing_free()
+        out = None if early else self.engine.settle(updated)
         if saved:
             self._checkpoint(round)
         else:
             self._bound_replay()
         ids = self.engine.eval_clients(rp.round, rp.clients)
         asked = self._send_eval(ids) if ids is not None else None
-        if self.cfg.system.clock.mode == "virtual" and round < self.cfg.algorithm.rounds:
+        if ahead:
             self.sent = self._dispatch(round + 1)
+        if out is None:
+            out = self.engine.settle(updated)
         evals = self._gather_eval(asked) if asked is not None else None
         return self.engine.rows(rp, out, self.restarts, saved, evals)
 

@@ -26,6 +26,7 @@ from raysim.round.reduction import root_size, tree_reduce
 from raysim.round.shard import ShardResult
 from raysim.storage import checkpoint
 from raysim.system import Ledger, RoundTiming, SystemModel, payload_bytes
+from raysim.system.model import ClientPhases
 
 
 def eval_data(fed: FederatedData, dtype: torch.dtype, train_samples: int, seed: int,
@@ -63,8 +64,25 @@ class RoundPlan:
     reduce: bool
     started: float
     broadcast_bytes: int
-    sim_start: float = 0.0  # the simulated time the round starts at
+    sim_start: float = 0.0  # when the round can start in simulated time (read only under system.availability)
     available: int | None = None  # clients online at its start (system.availability), when some may not be
+
+
+@dataclass
+class Updated:
+    """A round whose replies are aggregated into the server's state, its timing not yet sampled: who arrived, what
+    they cost, their compute times and CPU seconds, who was dropped, the clients' phases (availability) and the
+    server's cost."""
+
+    rp: RoundPlan
+    ids: np.ndarray
+    costs: Costs
+    times: np.ndarray
+    cpu: np.ndarray
+    dropped: np.ndarray
+    phases: ClientPhases | None
+    server_cost: Cost
+    late: Set[int]
 
 
 @dataclass
@@ -130,6 +148,11 @@ class RoundEngine:
     def aggregate(self, rp: RoundPlan, results: list[ShardResult], late: Set[int] = frozenset()) -> RoundOutcome:
         """Drop stragglers (unless the real clock already did), aggregate the kept replies in client
         order (or the completed reduction tree), then sample the round's timing and book it."""
+        return self.settle(self.update(rp, results, late))
+
+    def update(self, rp: RoundPlan, results: list[ShardResult], late: Set[int] = frozenset()) -> Updated:
+        """`aggregate`'s first half: the server's new state from the kept replies. The next round can be planned and
+        sent from it (`timing_free`) while `settle` samples this one's timing."""
         clients = np.concatenate([r.clients for r in results]) if results else np.zeros(0, dtype=np.int64)
         order = np.argsort(clients, kind="stable")
         at = np.searchsorted(clients[order], rp.clients)
@@ -159,12 +182,24 @@ class RoundEngine:
             replies = copy.deepcopy([every[i] for i, d in zip(pick, dropped) if not d])
         rng = stream(self.cfg.seed, rp.round, SERVER, "aggregate")
         self.state, server_cost = self.algo.aggregate(self.state, replies, rng)
-        server_time = self.system.server_compute_time(rp.round, server_cost)
-        timing = self.system.close_round(rp.round, ids, times, costs, server_cost, server_time, dropped, rp.keep, phases)
+        return Updated(rp, ids, costs, times, cpu, dropped, phases, server_cost, late)
+
+    def settle(self, up: Updated) -> RoundOutcome:
+        """`aggregate`'s second half: the round's simulated timing (the server's compute, the upload queue, the
+        phases), booked in the ledger."""
+        rp = up.rp
+        server_time = self.system.server_compute_time(rp.round, up.server_cost)
+        timing = self.system.close_round(rp.round, up.ids, up.times, up.costs, up.server_cost, server_time, up.dropped,
+                                         rp.keep, up.phases)
         if rp.sim_start > self.ledger.sim_time:  # the round waited for a client to come online
             timing = dataclasses.replace(timing, round_time=timing.round_time + rp.sim_start - self.ledger.sim_time)
-        totals = self.ledger.add(timing, costs, server_cost, rp.broadcast_bytes * len(rp.clients))
-        return RoundOutcome(ids, costs, cpu, timing, totals, sorted(late), server_cost)
+        totals = self.ledger.add(timing, up.costs, up.server_cost, rp.broadcast_bytes * len(rp.clients))
+        return RoundOutcome(up.ids, up.costs, up.cpu, timing, totals, sorted(up.late), up.server_cost)
+
+    def timing_free(self) -> bool:
+        """Whether a round's plan is the same before and after the last round's timing is booked: the ledger's
+        simulated time chooses no clients (no `system.availability`), so the next round may be sent before `settle`."""
+        return not self.system.availability.restricts
 
     def checkpoint_due(self, round: int) -> bool:
         """Whether the run checkpoints after `round` (every `checkpoint.every` rounds and the last)."""

@@ -224,3 +224,44 @@ def test_the_next_round_is_sent_before_this_one_is_evaluated(ray_cluster, tmp_pa
     ours, plain = reproducible(pd.DataFrame(rows)), reproducible(plain)
     same = [c for c in plain.columns if c in ours.columns and c != "checkpoint"]  # this server has no run directory
     pd.testing.assert_frame_equal(ours[same], plain[same], check_dtype=False)
+
+
+@pytest.mark.parametrize("overrides, early", [
+    pytest.param({}, [True, True, False], id="timing-free"),
+    pytest.param({"system.availability.kind": "markov", "system.availability.mean_on": 30.0}, [False] * 3,
+                 id="availability"),
+])
+def test_the_next_round_leaves_before_this_ones_timing_unless_its_plan_needs_it(ray_cluster, tmp_path, overrides, early):
+    """Round t+1 goes to the client actors once round t's replies are in the server's state, before its timing is
+    sampled and booked (they train meanwhile), unless the next plan reads the ledger's time (system.availability
+    chooses who is online); the tables are the local backend's, which books each round before planning the next."""
+    from raysim.actors.server import RoundServer
+    from raysim.data import build_federated
+    from raysim.round.experiment import Experiment
+
+    cfg = load_config(CFG, {"algorithm.rounds": 3, **overrides})
+    server = RoundServer(Experiment.of(cfg), build_federated(cfg.data, cfg.seed, tmp_path / "data").to_dict())
+    settle, sent_first = server.engine.settle, []
+
+    def settle_spy(updated):
+        sent_first.append(server.sent is not None and server.sent.rp.round == updated.rp.round + 1)
+        return settle(updated)
+
+    server.engine.settle = settle_spy
+    server.start()
+    rows, clients = [], []
+    try:
+        for t in (1, 2, 3):
+            row, client_rows, _ = server.run_round(t)
+            rows.append(row)
+            clients.append(pd.DataFrame(client_rows))
+    finally:
+        server.close()
+    assert sent_first == early
+    local = raysim.run(CFG, out=tmp_path / "local", backend="local", algorithm__rounds=3,
+                       **{k.replace(".", "__"): v for k, v in overrides.items()})
+    ours, plain = reproducible(pd.DataFrame(rows)), reproducible(local.rounds)
+    same = [c for c in plain.columns if c in ours.columns and c != "checkpoint"]  # this server has no run directory
+    pd.testing.assert_frame_equal(ours[same], plain[same], check_dtype=False)
+    ours_clients, plain_clients = reproducible(pd.concat(clients, ignore_index=True)), reproducible(local.clients)
+    pd.testing.assert_frame_equal(ours_clients, plain_clients[list(ours_clients.columns)], check_dtype=False)
