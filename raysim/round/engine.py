@@ -71,13 +71,13 @@ class RoundPlan:
 @dataclass
 class Updated:
     """A round whose replies are aggregated into the server's state, its timing not yet sampled: who arrived, what
-    they cost, their compute times and CPU seconds, who was dropped, the clients' phases (availability) and the
-    server's cost."""
+    they cost, their compute times (None: sampled by `settle`) and CPU seconds, who was dropped, the clients' phases
+    (availability) and the server's cost."""
 
     rp: RoundPlan
     ids: np.ndarray
     costs: Costs
-    times: np.ndarray
+    times: np.ndarray | None
     cpu: np.ndarray
     dropped: np.ndarray
     phases: ClientPhases | None
@@ -161,9 +161,11 @@ class RoundEngine:
         pick = order[at[found]]  # the replies' positions, in the plan's client order
         ids = rp.clients[found].astype(np.int64)
         costs = Costs.concat([r.costs for r in results]).take(pick)
-        times = np.concatenate([r.compute_times for r in results])[pick] if results else np.zeros(0)
+        times = None  # a shard leaves them to `settle` where they drop no client (`times_drop`)
+        if all(r.compute_times is not None for r in results):
+            times = np.concatenate([r.compute_times for r in results])[pick] if results else np.zeros(0)
         cpu = np.concatenate([r.cpu_seconds for r in results])[pick] if results else np.zeros(0)
-        if self.cfg.system.clock.mode == "real":  # what arrived in real time is kept; the rest is `late`
+        if self.cfg.system.clock.mode == "real" or times is None:  # real clock: what arrived in time is kept, the rest late
             dropped = np.zeros(len(ids), dtype=bool)
         else:
             dropped, _ = self.system.stragglers(ids, times, rp.keep)
@@ -188,8 +190,9 @@ class RoundEngine:
         """`aggregate`'s second half: the round's simulated timing (the server's compute, the upload queue, the
         phases), booked in the ledger."""
         rp = up.rp
+        times = up.times if up.times is not None else self.system.client_compute_times(rp.round, up.ids, up.costs)
         server_time = self.system.server_compute_time(rp.round, up.server_cost)
-        timing = self.system.close_round(rp.round, up.ids, up.times, up.costs, up.server_cost, server_time, up.dropped,
+        timing = self.system.close_round(rp.round, up.ids, times, up.costs, up.server_cost, server_time, up.dropped,
                                          rp.keep, up.phases)
         if rp.sim_start > self.ledger.sim_time:  # the round waited for a client to come online
             timing = dataclasses.replace(timing, round_time=timing.round_time + rp.sim_start - self.ledger.sim_time)

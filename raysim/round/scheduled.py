@@ -128,7 +128,7 @@ class ScheduledEngine:
                 cost = r.costs.cost(i)
                 if (cost.oracle_calls, cost.oracle_batches, cost.upload_bytes) != \
                         (task.cost.oracle_calls, task.cost.oracle_batches, task.cost.upload_bytes) \
-                        or r.compute_times[i] != task.compute:
+                        or (r.compute_times is not None and r.compute_times[i] != task.compute):
                     raise RuntimeError(f"algorithm {self.cfg.algorithm.name!r}: client {c}'s step cost {cost}, but its"
                                        f" plan_costs said {task.cost}; the buffered and async schedules time a client by"
                                        " plan_costs before it trains")

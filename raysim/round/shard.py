@@ -36,7 +36,7 @@ class ShardResult:
 
     clients: np.ndarray
     costs: Costs
-    compute_times: np.ndarray
+    compute_times: np.ndarray | None  # None: left to the server (they drop no client)
     replies: list
     cpu_seconds: np.ndarray
     parts: list[Part] = field(default_factory=list)
@@ -332,14 +332,17 @@ class ClientShard:
 
     def train(self, round: int, clients: Sequence[int] | np.ndarray, broadcast: Any, reduce: bool,
               fail: bool = False) -> ShardResult:
-        """Run `clients`' step for `round` and sample their compute times; with `reduce`, send this
+        """Run `clients`' step for `round` and sample their compute times (a CPU shard in its chunks; a shard of one
+        call only where they decide who is aggregated, `times_drop`, else the server does); with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
-        u = self.system.compute_uniforms(round, ids)  # one draw of the round's stream, the quantiles by chunk
-        in_order = bool(np.all(ids[1:] >= ids[:-1]))
+        chunked = self.device == "cpu" and self.cfg.algorithm.vectorize and self.batched  # a `finish` per chunk
+        u = self.system.compute_uniforms(round, ids) if chunked else None  # one draw of the round's stream, not one a chunk
 
         def times_of(s: slice, costs: Costs) -> np.ndarray:
-            return self.system.client_compute_times(round, ids[s], costs, u[s])
+            return self.system.client_compute_times(round, ids[s], costs, None if u is None else u[s])
+
+        in_order = bool(np.all(ids[1:] >= ids[:-1]))
 
         def finish(s: slice, steps: Steps) -> tuple[np.ndarray, list[Part] | None]:
             """In a chunk's thread: its clients' compute times and, with `reduce`, its blocks of the tree (the shard's
@@ -355,17 +358,20 @@ class ClientShard:
                                          self._blocks_within(lo, hi), self.pool if whole else None, self.threads)
 
         out, cpu, finished = self._steps(round, ids, broadcast, fail, finish)
+        times: np.ndarray | None = None
         if finished is not None:
             times = np.concatenate([t for t, _ in finished])
-        else:  # one call (a GPU shard, a per-client algorithm): on 16 host threads the same quantiles took 15x as long
+        elif self.system.times_drop():  # one call (a GPU shard, a per-client algorithm), needed here to drop clients
             times = times_of(slice(0, len(ids)), out.costs) if len(ids) else np.zeros(0)
+        # else the server samples them once the next round is sent (the same keyed draws): a GPU shard's host thread
+        # sets its pace, and on it 10^4 clients' quantiles took 2 ms a round
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
         replies: list = []
         if reduce and out.replies is None and finished is not None:  # the chunks reduced their own replies
             parts = [p for _, chunk in finished for p in chunk or []]
         elif reduce:
-            kept = self.system.within_deadline(times)
+            kept = self.system.within_deadline(times) if times is not None else np.ones(len(ids), dtype=bool)
             if stacked:
                 parts = reduce_stacked(ids[kept], out.replies if kept.all() else take_rows(out.replies, kept), self.blocks,
                                        self.pool, self.threads)

@@ -113,6 +113,14 @@ class SystemModel:
         return float(compute_time(self.calls(cost), stream(self.seed, round, SERVER, "compute"), c.shift, c.rate,
                                   fixed=c.times == "fixed"))
 
+    def times_drop(self) -> bool:
+        """Whether a round's compute times decide who is aggregated (a deadline, over-selection, clients going
+        offline while they train, the real clock): then they are sampled before the aggregation; otherwise they only
+        time the round, and can be sampled after it."""
+        st = self.cfg.stragglers
+        return (st.deadline is not None or st.over_select > 0 or self.availability.drops
+                or self.cfg.clock.mode == "real")
+
     def within_deadline(self, compute_times: np.ndarray) -> np.ndarray:
         """Which clients finish their compute by the deadline (all of them without one); the one deadline rule."""
         times = np.asarray(compute_times, dtype=float)

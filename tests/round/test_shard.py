@@ -50,3 +50,28 @@ def test_a_local_run_of_a_stacked_model_never_imports_torch_dynamo(tmp_path):
     code = (f"import sys, raysim; raysim.run({CHUNKED!r}, out={str(tmp_path / 'run')!r}, backend='local', progress=False);"
             " assert 'torch._dynamo' not in sys.modules; assert 'scipy.special' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_a_shard_of_one_call_leaves_the_compute_times_to_the_server_where_they_drop_no_client(tmp_path):
+    """A shard that steps its clients in one call (a GPU's, a per-client algorithm's) on its one host thread samples no
+    compute times that decide nothing it aggregates: the server samples the same keyed draws after the aggregation
+    (on Ray, once the next round is sent). Its runs' tables are those of the same run whose deadline, missed by no
+    client, has the shard sample them, bit for bit."""
+    import pandas as pd
+
+    import raysim
+    from raysim.results import reproducible
+
+    per_client = {**CHUNKED, "data": {**CHUNKED["data"], "num_clients": 60}, "system": {"compute": {"unit": "batch"}},
+                  "algorithm": {**CHUNKED["algorithm"], "clients_per_round": 20, "vectorize": False}}
+    timed = {**per_client, "system": {**per_client["system"], "stragglers": {"deadline": 1e9}}}
+    for tree, sampled in ((per_client, False), (timed, True)):
+        cfg = load_config(tree)
+        fed = build_federated(cfg.data, cfg.seed, tmp_path / cfg.name)
+        shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients))
+        broadcast = shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast
+        assert (shard.train(1, [3, 8, 40], broadcast, reduce=True).compute_times is not None) == sampled
+    server, own = (raysim.run(t, out=tmp_path / name, backend="local") for t, name in ((per_client, "server"), (timed, "own")))
+    assert (server.clients["compute_time"] > 0).all() and not server.clients["dropped"].any()
+    pd.testing.assert_frame_equal(reproducible(server.rounds), reproducible(own.rounds))
+    pd.testing.assert_frame_equal(reproducible(server.clients), reproducible(own.clients))
