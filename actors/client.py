@@ -77,5 +77,6 @@ class ClientActor(ClientShard):
         """One client under `clock: real`: its step, then the reply leaves at dispatch + its sampled time
         (scaled), or when the step ends if that is later. Returns the result and the wall time it left."""
         result = self.train(round, [client], broadcast, False)
+        assert result.compute_times is not None, "the real clock's shards time their clients (times_drop)"
         time.sleep(max(0.0, dispatched_at + result.compute_times[0] * self.cfg.system.clock.time_scale - time.time()))
         return result, time.time()

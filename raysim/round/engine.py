@@ -171,6 +171,7 @@ class RoundEngine:
             dropped, _ = self.system.stragglers(ids, times, rp.keep)
         phases = None
         if self.system.availability.drops:  # who goes offline before delivering is dropped before the aggregation
+            assert times is not None, "offline drops are timed by the shards (times_drop)"
             gone = self.system.availability.offline_at(ids, rp.sim_start) - rp.sim_start
             phases = self.system.client_phases(rp.round, times, costs, dropped, rp.keep, gone)
             dropped = phases.dropped
