@@ -48,10 +48,16 @@ class ClientRows(Mapping[int, ClientData]):
 
     def __init__(self, ids: np.ndarray, offsets: np.ndarray, x: torch.Tensor, y: torch.Tensor):
         self.ids, self.offsets, self.x, self.y = ids, offsets, x, y
+        # a shard's ids are a run (a range of clients): a client's position is then its id less the first
+        self.first = int(ids[0]) if len(ids) and int(ids[-1]) - int(ids[0]) + 1 == len(ids) else None
+
+    def _positions(self, clients: np.ndarray) -> np.ndarray:
+        """Where `clients` lie among this shard's ids (out of range, or not equal to them there, when not held)."""
+        return clients - self.first if self.first is not None else np.searchsorted(self.ids, clients)
 
     def __getitem__(self, client: int) -> ClientData:
-        i = int(np.searchsorted(self.ids, client))
-        if i == len(self.ids) or self.ids[i] != client:
+        i = int(self._positions(np.array([client]))[0])
+        if not 0 <= i < len(self.ids) or self.ids[i] != client:
             raise KeyError(client)
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return ClientData(int(client), self.x[a:b], self.y[a:b])
@@ -64,8 +70,8 @@ class ClientRows(Mapping[int, ClientData]):
 
     def batch(self, clients: np.ndarray) -> ClientBatch:
         """The clients `clients` as one ClientBatch over this block (no rows copied)."""
-        i = np.searchsorted(self.ids, clients)
-        if np.any(i >= len(self.ids)) or np.any(self.ids[np.minimum(i, len(self.ids) - 1)] != clients):
+        i = self._positions(np.asarray(clients, dtype=np.int64))
+        if np.any((i < 0) | (i >= len(self.ids))) or np.any(self.ids[np.clip(i, 0, len(self.ids) - 1)] != clients):
             raise KeyError(f"clients not in this shard: {np.setdiff1d(clients, self.ids)[:5].tolist()}")
         return ClientBatch(np.asarray(clients, dtype=np.int64), self.offsets[i], self.offsets[i + 1] - self.offsets[i],
                            self.x, self.y)

@@ -75,3 +75,26 @@ def test_a_shard_of_one_call_leaves_the_compute_times_to_the_server_where_they_d
     assert (server.clients["compute_time"] > 0).all() and not server.clients["dropped"].any()
     pd.testing.assert_frame_equal(reproducible(server.rounds), reproducible(own.rounds))
     pd.testing.assert_frame_equal(reproducible(server.clients), reproducible(own.clients))
+
+
+@pytest.mark.parametrize("ids", [pytest.param(np.arange(5, 12), id="a run"), pytest.param(np.array([3, 7, 9, 10, 20]),
+                                                                                          id="scattered")])
+def test_a_shards_rows_find_their_clients_and_name_those_they_do_not_hold(ids):
+    """A shard's block of rows finds a client by its position (a run of ids: the id less the first; else a search):
+    each client's rows are its own, alone or in a batch, and a client it does not hold is a KeyError naming it."""
+    import torch
+
+    from raysim.round.shard import ClientRows
+
+    sizes = np.arange(1, len(ids) + 1)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    rows = ClientRows(ids, offsets, torch.arange(offsets[-1]), torch.arange(offsets[-1]) * 10)
+    for j, c in enumerate(ids.tolist()):
+        assert rows[c].x.tolist() == list(range(offsets[j], offsets[j + 1]))
+    batch = rows.batch(ids[[1, 3]])
+    assert batch.starts.tolist() == offsets[[1, 3]].tolist() and batch.sizes.tolist() == sizes[[1, 3]].tolist()
+    for missing in [int(ids[0]) - 1, int(ids[-1]) + 1] + [c for c in (8,) if c not in ids]:
+        with pytest.raises(KeyError, match=str(missing)):
+            rows.batch(np.array([int(ids[0]), missing]))
+        with pytest.raises(KeyError):
+            rows[missing]
