@@ -165,7 +165,7 @@ class RoundEngine:
         if all(r.compute_times is not None for r in results):
             times = np.concatenate([r.compute_times for r in results])[pick] if results else np.zeros(0)
         cpu = np.concatenate([r.cpu_seconds for r in results])[pick] if results else np.zeros(0)
-        if self.cfg.system.clock.mode == "real" or times is None:  # real clock: what arrived in time is kept, the rest late
+        if self.cfg.system.clock.mode == "real" or times is None:  # real clock: what arrived in time is kept
             dropped = np.zeros(len(ids), dtype=bool)
         else:
             dropped, _ = self.system.stragglers(ids, times, rp.keep)

@@ -343,7 +343,7 @@ class ClientShard:
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
         chunked = self.device == "cpu" and self.cfg.algorithm.vectorize and self.batched  # a `finish` per chunk
-        u = self.system.compute_uniforms(round, ids) if chunked else None  # one draw of the round's stream, not one a chunk
+        u = self.system.compute_uniforms(round, ids) if chunked else None  # one draw of the stream, not one a chunk
 
         def times_of(s: slice, costs: Costs) -> np.ndarray:
             return self.system.client_compute_times(round, ids[s], costs, None if u is None else u[s])
