@@ -175,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             steady = {n: steady_round(n, args.rounds, backend) for n in sizes}
             for n in sizes:
                 print(f"{backend:8} {n:>13,} {steady[n]:>15.4f} {limit[n]:>9.4f} {threads[backend]:>8} {steady[n] / limit[n]:>8.2f}x")
-            marginal, ratio = (steady[hi] - steady[lo]) / (hi - lo) * 1e6, steady[hi] / limit[hi]
+            ratio = steady[hi] / limit[hi]
+            if hi == lo:  # one size: no marginal cost to take
+                met[backend].append((float("nan"), ratio))
+                continue
+            marginal = (steady[hi] - steady[lo]) / (hi - lo) * 1e6
             met[backend].append((marginal, ratio))
             print(f"{backend:8} marginal per client {lo:,} -> {hi:,}: {marginal:.1f} us (target <= {TARGET_US:g} us; "
                   f"the limit's own {(limit[hi] - limit[lo]) / (hi - lo) * 1e6:.1f} us); "

@@ -187,7 +187,7 @@ def _tree_sums(v: Any, order: np.ndarray | None, pairs: list[tuple[np.ndarray, n
 def _device_tree_sums(v: torch.Tensor, order: np.ndarray | None, pairs: list[tuple[np.ndarray, np.ndarray]],
                       nodes: np.ndarray) -> torch.Tensor:
     """`_tree_sums` on a GPU, where an index_add_ is a sort under deterministic algorithms: each level's sums
-    a + b (the same single add) go to fresh rows after the leaves, so a level is two gathers and an add. The
+    a + b (the same single add) go to fresh rows after the leaves, so a level is one gather and an add. The
     schedule travels in one transfer that does not wait for the GPU's queued work."""
     at = np.arange(len(v))  # where each row's current value lies in the buffer
     moves, fresh = [] if order is None else [order], len(v)
@@ -204,8 +204,8 @@ def _device_tree_sums(v: torch.Tensor, order: np.ndarray | None, pairs: list[tup
     i, out = (0 if order is None else len(v)), len(v)
     for a, _ in pairs:
         k = a.size
-        torch.add(buf.index_select(0, schedule[i:i + k]), buf.index_select(0, schedule[i + k:i + 2 * k]),
-                  out=buf[out:out + k])
+        both = buf.index_select(0, schedule[i:i + 2 * k])  # the level's a rows, then its b rows: one gather
+        torch.add(both[:k], both[k:], out=buf[out:out + k])
         i, out = i + 2 * k, out + k
     return buf.index_select(0, schedule[i:])
 
