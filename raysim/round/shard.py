@@ -369,8 +369,8 @@ class ClientShard:
             times = np.concatenate([t for t, _ in finished])
         elif self.system.times_drop():  # one call (a GPU shard, a per-client algorithm), needed here to drop clients
             times = times_of(slice(0, len(ids)), out.costs) if len(ids) else np.zeros(0)
-        # else the server samples them once the next round is sent (the same keyed draws): a GPU shard's host thread
-        # sets its pace, and on it 10^4 clients' quantiles took 2 ms a round
+        # else the server samples them (the same keyed draws; on Ray once the next round is sent): a GPU shard's host
+        # thread sets its pace, and on it 10^4 clients' quantiles took 2 ms a round
         stacked = not isinstance(out.replies, list)
         parts: list[Part] = []
         replies: list = []
