@@ -51,12 +51,13 @@ class ClientRows(Mapping[int, ClientData]):
         # a shard's ids are a run (a range of clients): a client's position is then its id less the first
         self.first = int(ids[0]) if len(ids) and int(ids[-1]) - int(ids[0]) + 1 == len(ids) else None
 
-    def _positions(self, clients: np.ndarray) -> np.ndarray:
-        """Where `clients` lie among this shard's ids (out of range, or not equal to them there, when not held)."""
+    def _positions(self, clients: Any) -> Any:
+        """Where `clients` (an id or an array of them) lie among this shard's ids (out of range, or not equal to them
+        there, when not held)."""
         return clients - self.first if self.first is not None else np.searchsorted(self.ids, clients)
 
     def __getitem__(self, client: int) -> ClientData:
-        i = int(self._positions(np.array([client]))[0])
+        i = int(self._positions(client))
         if not 0 <= i < len(self.ids) or self.ids[i] != client:
             raise KeyError(client)
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -278,6 +279,12 @@ class ClientShard:
                 self.states[c] = s
         return out, cpu, finished
 
+    @property
+    def _chunked(self) -> bool:
+        """Whether a round's steps run in chunks on the host threads, each finishing its own clients (compute times,
+        tree blocks) in its thread: a CPU shard's batched step."""
+        return self.device == "cpu" and self.cfg.algorithm.vectorize and self.batched
+
     def _cut(self, k: int) -> int:
         """The chunks k clients make at MIN_CHUNK clients each, up to the shard's threads."""
         return min(self.threads, k // MIN_CHUNK)
@@ -297,7 +304,7 @@ class ClientShard:
         chunk's time split in proportion to oracle calls) and, on the CPU, `finish(slice, steps)` of each chunk in
         its thread (None otherwise, or without `finish`). A chunk whose `finish` gives (..., parts) with parts has
         used its replies: the joined Steps then carry none."""
-        split = self.device == "cpu"  # a GPU takes the whole batch at once
+        split = self._chunked  # a GPU takes the whole batch at once
         clock = time.thread_time if self.pool is not None and split else time.process_time  # a chunk's CPU is its thread's
         finish = finish if split else None
 
@@ -342,8 +349,7 @@ class ClientShard:
         call only where they decide who is aggregated, `times_drop`, else the server does); with `reduce`, send this
         shard's blocks of the reduction tree over the clients within the deadline instead of replies."""
         ids = np.asarray(clients, dtype=np.int64)
-        chunked = self.device == "cpu" and self.cfg.algorithm.vectorize and self.batched  # a `finish` per chunk
-        u = self.system.compute_uniforms(round, ids) if chunked else None  # one draw of the stream, not one a chunk
+        u = self.system.compute_uniforms(round, ids) if self._chunked else None  # one draw, not one a chunk
 
         def times_of(s: slice, costs: Costs) -> np.ndarray:
             return self.system.client_compute_times(round, ids[s], costs, None if u is None else u[s])

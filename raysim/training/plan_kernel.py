@@ -114,10 +114,19 @@ def host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.nd
     """`batch_plans` on the host, compiled: the sample indices [k, S, width] (int64) and their weights (float64)."""
     idx = np.empty((len(n), S, width), dtype=np.int64)
     w = np.empty((len(n), S, width), dtype=np.float64)
+    _fill(*_inputs(n, b, per_epoch, steps, keys), idx, w)
+    return idx, w
+
+
+Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, int, int]
+
+
+def _inputs(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, keys: Keys) -> Inputs:
+    """`_fill`'s leading arguments: the clients' ids, sizes, batches, steps a pass and steps (int64), then the key's
+    round, purpose and seed words."""
     clients, sizes, batch, a_pass, taken = (np.ascontiguousarray(a, dtype=np.int64)
                                             for a in (keys.clients, n, b, per_epoch, steps))
-    _fill(clients, sizes, batch, a_pass, taken, *key_words(keys.seed, keys.round, keys.purpose), idx, w)
-    return idx, w
+    return (clients, sizes, batch, a_pass, taken, *key_words(keys.seed, keys.round, keys.purpose))
 
 
 PART_MIN = 256  # clients a thread of `device_host_plans` takes at least
@@ -142,9 +151,6 @@ def device_host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps
     k = len(n)
     idx = np.empty((k, S, width), dtype=np.int32 if int(np.max(n, initial=0)) < 2**31 else np.int64)
     w = np.empty((k, S, width), dtype=np.uint8)
-    clients, sizes, batch, a_pass, taken = (np.ascontiguousarray(a, dtype=np.int64)
-                                            for a in (keys.clients, n, b, per_epoch, steps))
     with _ONE_CALL:
-        _fill_parts(clients, sizes, batch, a_pass, taken, *key_words(keys.seed, keys.round, keys.purpose), idx, w,
-                    max(1, min(get_num_threads(), k // PART_MIN)))
+        _fill_parts(*_inputs(n, b, per_epoch, steps, keys), idx, w, max(1, min(get_num_threads(), k // PART_MIN)))
     return idx, w
