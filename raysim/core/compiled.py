@@ -11,6 +11,20 @@ from typing import Any, TypeVar
 COMPILED_MIN = 2048
 F = TypeVar("F", bound=Callable[..., Any])
 _UNCACHED: set[str] = set()  # the modules whose kernels numba could not cache (warned once each)
+_SHARE: int | None = None  # the host threads this process's parallel kernels may take (None: numba's count)
+
+
+def use_host_threads(share: int | None) -> None:
+    """Cap the threads this process's parallel kernels take at `share`, its CPU share (None: numba's own count, every
+    core). A client actor sets it as it sets its torch threads: by default a node runs an actor per CPU, and each
+    one's kernel on every core would put a node's cores squared to work at once."""
+    global _SHARE
+    _SHARE = share
+
+
+def host_threads(available: int) -> int:
+    """The threads a parallel kernel takes of numba's `available`: at most the process's CPU share, at least one."""
+    return max(1, available if _SHARE is None else min(available, _SHARE))
 
 
 def jit(**options: Any) -> Callable[[F], F]:

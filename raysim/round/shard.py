@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from raysim.contract import Algorithm, ClientBatch, ClientData, Costs, Steps, batched
+from raysim.core import compiled
 from raysim.core.device import deterministic_cuda
 from raysim.core.keys import Keys
 from raysim.core.rng import SERVER, stream
@@ -179,6 +180,7 @@ class ClientShard:
         """`device`: where the steps run; a client actor's shard given a GPU share (`cuda_memory_fraction` of
         its memory) runs on that GPU."""
         torch.set_num_threads(torch_threads)
+        compiled.use_host_threads(threads * torch_threads)  # its CPU share, for an accelerator's batch plans
         self.cfg = experiment.install().cfg
         if cuda_memory_fraction is not None and torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(cuda_memory_fraction)

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 from numba import get_num_threads, prange
 
-from raysim.core.compiled import jit
+from raysim.core.compiled import host_threads, jit
 from raysim.core.keys import MULTIPLIERS, ROUNDS, WEYL, Keys, key_words
 
 _M0, _M1 = np.uint64(MULTIPLIERS[0]), np.uint64(MULTIPLIERS[1])
@@ -146,11 +146,13 @@ def _fill_parts(clients, n, b, per_epoch, steps, round_word, purpose_word, k0, k
 
 def device_host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps: np.ndarray, keys: Keys, S: int,
                       width: int) -> tuple[np.ndarray, np.ndarray]:
-    """`host_plans` for an accelerator's shard, on all of numba's threads at once and in the narrow types a copy to
-    the device moves fastest: the sample indices as int32 (positions within a client) and the weights as uint8."""
+    """`host_plans` for an accelerator's shard, on numba's threads at once (up to the process's CPU share,
+    `compiled.use_host_threads`) and in the narrow types a copy to the device moves fastest: the sample indices as
+    int32 (positions within a client) and the weights as uint8."""
     k = len(n)
     idx = np.empty((k, S, width), dtype=np.int32 if int(np.max(n, initial=0)) < 2**31 else np.int64)
     w = np.empty((k, S, width), dtype=np.uint8)
     with _ONE_CALL:
-        _fill_parts(*_inputs(n, b, per_epoch, steps, keys), idx, w, max(1, min(get_num_threads(), k // PART_MIN)))
+        _fill_parts(*_inputs(n, b, per_epoch, steps, keys), idx, w, max(1, min(host_threads(get_num_threads()),
+                                                                               k // PART_MIN)))
     return idx, w

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from raysim.config import load_config
+from raysim.core import compiled
 from raysim.data import build_federated
 from raysim.round.experiment import Experiment
 from raysim.round.shard import CHUNK_SECONDS, MIN_CHUNK, ClientShard, step_chunks
@@ -30,6 +31,18 @@ def test_a_shard_times_each_step_it_could_cut(tmp_path):
     assert shard.step_cpu is None
     shard.train(1, list(range(0, 1200, 2)), broadcast, reduce=True)
     assert shard.step_cpu is not None and 0 < shard.step_cpu < 1
+
+
+def test_a_shard_caps_its_processs_parallel_kernels_at_its_cpu_share(tmp_path, monkeypatch, one_torch_thread):
+    """A shard's CPU share (its host threads times its torch threads: a client actor's CPUs) caps the threads of its
+    process's parallel kernels, as it sets its torch threads."""
+    monkeypatch.setattr(compiled, "_SHARE", None)  # restored after the test
+    cfg = load_config(CHUNKED)
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients), threads=3)
+    assert compiled.host_threads(16) == 3 and compiled.host_threads(2) == 2
+    ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients), torch_threads=2, threads=2)
+    assert compiled.host_threads(16) == 4
 
 
 def test_the_warm_up_steps_a_client_as_the_rounds_do(tmp_path, monkeypatch):

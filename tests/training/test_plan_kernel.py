@@ -61,6 +61,7 @@ def test_an_accelerators_host_plans_split_over_threads_are_the_plans(monkeypatch
     """An accelerator's shard draws its plans on every host core (slices of the clients, one a thread) in narrow
     types: every client's plan is `host_plans`', entry for entry, however the clients are sliced."""
     monkeypatch.setattr(plan_kernel, "PART_MIN", part_min)
+    monkeypatch.setattr(compiled, "_SHARE", None)  # every numba thread (a shard built before may have capped them)
     rng = np.random.default_rng(12)
     sizes = rng.integers(1, 90, 700)
     keys = Keys(2**40 + 3, 2, np.sort(rng.choice(2**33, sizes.size, replace=False)), "step")
@@ -72,3 +73,24 @@ def test_an_accelerators_host_plans_split_over_threads_are_the_plans(monkeypatch
         assert idx.dtype == np.int32 and w.dtype == np.uint8
         np.testing.assert_array_equal(idx, want_idx)
         np.testing.assert_array_equal(w, want_w)
+
+
+@pytest.mark.parametrize("share,parts", [(None, 8), (3, 3), (1, 1)])
+def test_an_accelerators_host_plans_take_no_more_threads_than_the_processs_cpu_share(monkeypatch, share, parts):
+    """The plans' parallel kernel takes at most the process's CPU share of threads (`compiled.use_host_threads`, set
+    by a client shard): a node runs a client actor per CPU by default. The same plans either way."""
+    taken = []
+    fill = plan_kernel._fill_parts
+    monkeypatch.setattr(plan_kernel, "_fill_parts", lambda *a: taken.append(a[-1]) or fill(*a))
+    monkeypatch.setattr(plan_kernel, "get_num_threads", lambda: 8)  # numba's threads on an 8-core node
+    monkeypatch.setattr(plan_kernel, "PART_MIN", 1)
+    monkeypatch.setattr(compiled, "_SHARE", None)  # restored after the test
+    compiled.use_host_threads(share)
+    sizes = np.random.default_rng(3).integers(1, 40, 50)
+    keys = Keys(5, 1, np.arange(50), "step")
+    n, b, per_epoch, steps = local_sgd._passes(sizes, 5, 5, None)
+    idx, w = plan_kernel.device_host_plans(n, b, per_epoch, steps, keys, 5, 5)
+    assert taken == [parts]
+    want_idx, want_w = plan_kernel.host_plans(n, b, per_epoch, steps, keys, 5, 5)
+    np.testing.assert_array_equal(idx, want_idx)
+    np.testing.assert_array_equal(w, want_w)
