@@ -17,6 +17,7 @@ time).
     python benchmarks/gpu.py                         # on a machine with a CUDA device
     python benchmarks/gpu.py --rounds 7 --per-round 1000 10000 --profile
     python benchmarks/gpu.py --skip-cpu --repeats 3
+    python benchmarks/gpu.py --skip-cpu --shared 0     # also raysim's default layout: an actor per CPU on the card
 
 Not a timed test: compare ratios measured in one run.
 """
@@ -43,8 +44,9 @@ CLIENTS, SAMPLES, FEATURES, HIDDEN = 100_000, 10, 20, 256
 TARGET_LIMIT, TARGET_CPU = 2.0, 10.0  # issue 30
 
 
-def config(per_round: int, rounds: int, backend: str, device: str) -> dict:
-    """The issue's GPU workload at `per_round` clients a round."""
+def config(per_round: int, rounds: int, backend: str, device: str, actors: int | None = 1) -> dict:
+    """The issue's GPU workload at `per_round` clients a round, on `actors` client actors (None: raysim's default
+    layout, an actor per CPU, sharing the machine's GPUs)."""
     return {
         "name": f"gpu-{per_round}", "seed": 0, "backend": backend,
         "data": {"source": "synthetic", "num_clients": CLIENTS, "partition": {"kind": "natural"},
@@ -54,7 +56,7 @@ def config(per_round: int, rounds: int, backend: str, device: str) -> dict:
                       "local_steps": 5, "batch_size": 5},
         "eval": {"every": 6, "train_samples": 5000, "test_samples": 10000},
         "checkpoint": {"every": 0},
-        "cluster": {"num_actors": 1, "driver_shard": False},
+        "cluster": {"driver_shard": False, **({} if actors is None else {"num_actors": actors})},
     }
 
 
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=13)
     ap.add_argument("--profile", action="store_true", help="print the host profile of a local GPU run")
     ap.add_argument("--skip-cpu", action="store_true", help="leave out the run on the CPUs")
+    ap.add_argument("--shared", type=int, default=None, metavar="N",
+                    help="also time N client actors sharing the GPU (0: the default layout, an actor per CPU)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure the limit and the GPU runs this many times, each ratio within its repeat (the CPUs once)")
     args = ap.parse_args(argv)
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                 if not r:
                     print(f"{f'local backend on {cpus} CPUs':28} {cpu:9.4f}  {cpu / actor:6.2f}x the GPU actor's round"
                           f" (target >= {TARGET_CPU:g}x)")
+                if args.shared is not None:
+                    shared, info, _ = steady(config(n, args.rounds, "ray", "auto", args.shared or None))
+                    label = f"{info['actors']} GPU actors sharing it"
+                    print(f"{label:28} {shared:9.4f}  {shared / limit:6.2f}x the GPU limit ({info['actor_gpus']:g} GPU each)")
                 print(f"{'GPU vectorized limit':28} {limit:9.4f}")
                 if prof:
                     print(f"\nhost profile of the local GPU run (all {args.rounds} rounds and start-up):\n{prof}")
