@@ -58,7 +58,7 @@ def test_the_compiled_plans_are_the_numpy_plans(monkeypatch, batch_size, local_s
 
 @pytest.mark.parametrize("part_min", [1, 37, 10**6])
 def test_an_accelerators_host_plans_split_over_threads_are_the_plans(monkeypatch, part_min):
-    """An accelerator's shard draws its plans on every host core (slices of the clients, one a thread) in narrow
+    """An accelerator's shard draws its plans on its host cores (slices of the clients, one a thread) in narrow
     types: every client's plan is `host_plans`', entry for entry, however the clients are sliced."""
     monkeypatch.setattr(plan_kernel, "PART_MIN", part_min)
     monkeypatch.setattr(compiled, "_SHARE", None)  # every numba thread (a shard built before may have capped them)
