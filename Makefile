@@ -34,7 +34,7 @@ demo: setup
 	$(VENV)/bin/raysim report runs/quickstart
 
 # Two workers, a test file each at a time (module fixtures such as the two-node cluster start once): the
-# suite waits on process and Ray start-ups more than it computes, so on 2 cores it takes about 3.5-4 minutes (1,268 tests), not twice that.
+# suite waits on process and Ray start-ups more than it computes, so on 2 cores it takes about 3.5-4 minutes (1,272 tests), not twice that.
 test: setup
 	$(PY) -m pytest -n 2 --dist loadfile
 
