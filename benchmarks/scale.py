@@ -30,11 +30,11 @@ from raysim.core.memory import PeakMemory, session_processes
 from raysim.runner import ray_session
 from speed import machine
 
-SAMPLES_PER_CLIENT = 10
+SAMPLES_PER_CLIENT, FEATURES = 10, 20
 TARGETS_AT_1M = {"data_s": 20.0, "beyond_data_s": 20.0, "round_s": 0.3, "peak_pss_mb": 3000.0}  # issue 17
 
 
-def config(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER_CLIENT, features: int = 20) -> dict:
+def config(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER_CLIENT, features: int = FEATURES) -> dict:
     """Multinomial logistic regression, Synthetic(1, 1) with `features` features, about `samples` samples a client."""
     return {
         "name": f"scale-{clients}",
@@ -49,7 +49,7 @@ def config(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER
     }
 
 
-def measure(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER_CLIENT, features: int = 20) -> dict:
+def measure(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PER_CLIENT, features: int = FEATURES) -> dict:
     """One run on a fresh local Ray: start-up, steady seconds per round, peak summed PSS."""
     ray_session.start_local(num_cpus=2)
     session = ray._private.worker._global_node.get_session_dir_path()
@@ -61,8 +61,8 @@ def measure(clients: int, rounds: int, per_round: int, samples: int = SAMPLES_PE
     finally:
         ray.shutdown()
     r = result.rounds
-    return {"clients": clients, "per_round": min(per_round, clients), "samples_per_client": samples, "features": features,
-            "startup_s": result.info["startup_s"],
+    return {"clients": clients, "per_round": min(per_round, clients), "samples_per_client": samples,
+            "features": features, "startup_s": result.info["startup_s"],
             "data_s": result.info["data_s"], "round_s": float(r["round_wall_s"].iloc[1:].mean()),
             "total_s": total, "peak_pss_mb": mem.peak / 2**20, "test_accuracy": float(r["test_accuracy"].iloc[-1])}
 
@@ -78,7 +78,8 @@ def targets(rows: list[dict]) -> list[str]:
     20 features, 1,000 a round (other runs are measured, not checked)."""
     out = []
     for m in rows:
-        if (m["clients"], m["per_round"], m["samples_per_client"], m["features"]) != (1_000_000, 1_000, SAMPLES_PER_CLIENT, 20):
+        workload = (m["clients"], m["per_round"], m["samples_per_client"], m["features"])
+        if workload != (1_000_000, 1_000, SAMPLES_PER_CLIENT, FEATURES):
             continue
         got = {"data_s": m["data_s"], "beyond_data_s": m["startup_s"] - m["data_s"], "round_s": m["round_s"],
                "peak_pss_mb": m["peak_pss_mb"]}
@@ -94,7 +95,7 @@ def main() -> None:
     ap.add_argument("--per-round", type=int, default=1_000)
     ap.add_argument("--samples-per-client", type=int, default=SAMPLES_PER_CLIENT,
                     help="the synthetic samples a client (3 and --features 4 keep 10^8 clients to ~17 GB on disk)")
-    ap.add_argument("--features", type=int, default=20)
+    ap.add_argument("--features", type=int, default=FEATURES)
     ap.add_argument("--json", help="also write the measurements to this JSON file")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder of scale.md")
     args = ap.parse_args()
