@@ -28,7 +28,9 @@ def root_size(num_clients: int) -> int:
 
 
 def cover(ids: Iterable[int], num_clients: int) -> list[tuple[int, int]]:
-    """The largest aligned blocks that hold only ids in `ids` and together hold all of them."""
+    """The largest aligned blocks that hold only ids in `ids`, or ids from `num_clients` on (no client has one), and
+    together hold all of them: the shard of the last clients owns the tree's empty right edge, so one shard of every
+    client sends the root alone, not a block per bit of `num_clients`."""
     blocks, top = [], root_size(num_clients)
     if isinstance(ids, range) and ids.step == 1:  # a shard's clients: one run, with no Python int per id
         runs = [(ids.start, ids.stop)] if len(ids) else []
@@ -37,6 +39,7 @@ def cover(ids: Iterable[int], num_clients: int) -> list[tuple[int, int]]:
         cut = np.flatnonzero(np.diff(ordered) != 1) + 1  # runs of consecutive ids [lo, j)
         runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(ordered, cut) if r.size]
     for lo, j in runs:
+        j = top if j == num_clients else j
         while lo < j:
             size = lo & -lo if lo else top
             while size > j - lo:
@@ -67,9 +70,14 @@ def tree_reduce(parts: list[Part], start: int, size: int, combine: Callable[[Any
 
 def reduce_owned(replies: dict[int, Any], blocks: list[tuple[int, int]], combine: Callable[[Any, Any], Any]) -> list[Part]:
     """A shard's part of the tree: the value of every block it owns (`cover` of its ids) that has replies."""
-    leaves = [(c, 1, r) for c, r in replies.items()]
-    parts = [(s, z, tree_reduce(leaves, s, z, combine)) for s, z in blocks]
-    return [p for p in parts if p[2] is not None]
+    return merge_parts([(c, 1, r) for c, r in replies.items()], blocks, combine)
+
+
+def merge_parts(parts: list[Part], blocks: list[tuple[int, int]], combine: Callable[[Any, Any], Any]) -> list[Part]:
+    """The value of every block of `blocks` that holds some of the finer `parts` (leaves, or the blocks a shard's
+    chunks reduced): the nodes the server would compute from them, so the same bits, in fewer parts to send."""
+    merged = [(s, z, tree_reduce(parts, s, z, combine)) for s, z in blocks]
+    return [p for p in merged if p[2] is not None]
 
 
 def reduce_stacked(ids: np.ndarray, stacked: Any, blocks: list[tuple[int, int]],

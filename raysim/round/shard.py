@@ -24,7 +24,8 @@ from raysim.data import FederatedData, read_client_block
 from raysim.data.row_store import on_disk, read_rows_of
 from raysim.models import DTYPES
 from raysim.round.experiment import Experiment
-from raysim.round.reduction import Part, concat_rows, cover, reduce_owned, reduce_stacked, take_rows, unstack
+from raysim.round.reduction import (Part, concat_rows, cover, merge_parts, reduce_owned, reduce_stacked, take_rows,
+                                    unstack)
 from raysim.storage import checkpoint
 from raysim.system import SystemModel
 
@@ -33,7 +34,8 @@ from raysim.system import SystemModel
 class ShardResult:
     """What a shard sends back for a round, as columns over its clients: costs, sampled compute times and
     measured CPU seconds, and either every client's reply or (`parts`) its blocks of the reduction tree over
-    the clients within the deadline (raysim.round.reduction)."""
+    the clients within the deadline (raysim.round.reduction): one part a block the shard owns, its chunks' finer
+    blocks merged into it."""
 
     clients: np.ndarray
     costs: Costs
@@ -41,6 +43,31 @@ class ShardResult:
     replies: list
     cpu_seconds: np.ndarray
     parts: list[Part] = field(default_factory=list)
+    cpu_split: CpuSplit | None = None  # the batched chunks' times cpu_seconds split: sent in the column's place
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its fields for the trip to the server, the CPU seconds as `cpu_split` where they are its shares."""
+        return self.__dict__ if self.cpu_split is None else {**self.__dict__, "cpu_seconds": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.cpu_split is not None:
+            self.cpu_seconds = self.cpu_split.of(self.costs.oracle_calls)
+
+
+@dataclass
+class CpuSplit:
+    """The CPU seconds of batched steps: each chunk's end among the round's clients and its seconds, split over its
+    clients in proportion to their oracle calls (`of`). Two numbers a chunk, where the column is one a client."""
+
+    ends: np.ndarray
+    seconds: np.ndarray
+
+    def of(self, calls: np.ndarray) -> np.ndarray:
+        """Each client's CPU seconds, from the clients' oracle calls."""
+        starts = np.concatenate(([0], self.ends[:-1]))
+        return np.concatenate([_shares(calls[a:b], t) for a, b, t in zip(starts, self.ends, self.seconds)] or
+                              [np.zeros(0)])
 
 
 class ClientRows(Mapping[int, ClientData]):
@@ -245,11 +272,13 @@ class ClientShard:
             self._steps(round, clients, broadcast)
 
     def _steps(self, round: int, clients: Sequence[int] | np.ndarray, broadcast: Any, fail: bool = False,
-               finish: Callable[[slice, Steps], Any] | None = None) -> tuple[Steps, np.ndarray, list | None]:
+               finish: Callable[[slice, Steps], Any] | None = None
+               ) -> tuple[Steps, np.ndarray | CpuSplit, list | None]:
         """The clients' steps for `round` (updating their states) as columns, the CPU seconds of each (this
-        process's; a batched step's time is split in proportion to oracle calls) and, for a batched step on the CPU,
-        `finish` of each chunk's slice and steps, run in its thread (else None). `fail` kills the process after the
-        first client's step. `clients`: ids as a list or an int64 array (the local backend's plan, not converted)."""
+        process's; a batched step's time as the CpuSplit that splits it in proportion to oracle calls) and, for a
+        batched step on the CPU, `finish` of each chunk's slice and steps, run in its thread (else None). `fail` kills
+        the process after the first client's step. `clients`: ids as a list or an int64 array (the local backend's
+        plan, not converted)."""
         broadcast = copy.deepcopy(broadcast)  # the clients' own writable copy: Ray delivers arrays read-only,
         ids = np.asarray(clients, dtype=np.int64)  # and on the local backend it is the server's own object
         if fail:  # an injected fault (config `faults:`): die mid-round, after some of the work
@@ -257,6 +286,7 @@ class ClientShard:
             self.algo.step(self.states[first], self.data[first], broadcast, stream(self.cfg.seed, round, first, "step"))
             os._exit(1)
         finished = None
+        cpu: np.ndarray | CpuSplit
         if self.cfg.algorithm.vectorize and self.batched:
             out, cpu, finished = self._batch_steps(round, ids, broadcast, finish)
         else:
@@ -267,7 +297,7 @@ class ClientShard:
             rngs = [stream(self.cfg.seed, round, c, "step") for c in clients]
             if self.cfg.algorithm.vectorize:
                 outs = self.algo.step_many(states, datas, broadcast, rngs)
-                cpu = _shares(np.array([o[2].oracle_calls for o in outs], dtype=np.float64), time.process_time() - t0)
+                cpu = CpuSplit(np.array([len(outs)]), np.array([time.process_time() - t0]))
             else:
                 outs, times = [], []
                 for s, d, r in zip(states, datas, rngs):
@@ -301,35 +331,34 @@ class ClientShard:
         return list(self.pool.map(fn, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]))
 
     def _batch_steps(self, round: int, ids: np.ndarray, broadcast: Any, finish: Callable[[slice, Steps], Any] | None = None
-                     ) -> tuple[Steps, np.ndarray, list | None]:
-        """`step_batch` of the clients `ids`, in chunks on the shard's threads, each client's CPU seconds (its
-        chunk's time split in proportion to oracle calls) and, on the CPU, `finish(slice, steps)` of each chunk in
+                     ) -> tuple[Steps, CpuSplit, list | None]:
+        """`step_batch` of the clients `ids`, in chunks on the shard's threads, their CPU seconds (each chunk's time,
+        split in proportion to oracle calls) and, on the CPU, `finish(slice, steps)` of each chunk in
         its thread (None otherwise, or without `finish`). A chunk whose `finish` gives (..., parts) with parts has
         used its replies: the joined Steps then carry none."""
         split = self._chunked  # a GPU takes the whole batch at once
         clock = time.thread_time if self.pool is not None and split else time.process_time  # a chunk's CPU is its thread's
         finish = finish if split else None
 
-        def run(s: slice) -> tuple[Steps, np.ndarray, Any]:
+        def run(s: slice) -> tuple[Steps, float, Any]:
             t0, part = clock(), ids[s]
             states = None if self.stateless else [self.states[c] for c in part.tolist()]
             out = self.algo.step_batch(states, self.data.batch(part), broadcast, Keys(self.cfg.seed, round, part, "step"))
-            cpu = _shares(out.costs.oracle_calls, clock() - t0)
-            return out, cpu, None if finish is None else finish(s, out)
+            return out, clock() - t0, None if finish is None else finish(s, out)
 
         cut = self._cut(len(ids)) if split else 1
         done = self._map(run, len(ids), step_chunks(cut, None if self.step_cpu is None else self.step_cpu * len(ids)))
         if cut > 1:  # a step that could be cut: its CPU time a client chooses how the next is
-            self.step_cpu = float(sum(c.sum() for _, c, _ in done)) / len(ids)
+            self.step_cpu = float(sum(t for _, t, _ in done)) / len(ids)
         outs = [o for o, _, _ in done]
+        cpu = CpuSplit(np.cumsum([len(o.costs) for o in outs]), np.array([t for _, t, _ in done]))
         finished = None if finish is None else [f for _, _, f in done]
         used = finished is not None and all(f[1] is not None for f in finished)  # the replies went into the parts
         if len(done) == 1:
-            return Steps(None if used else outs[0].replies, outs[0].states, outs[0].costs), done[0][1], finished
+            return Steps(None if used else outs[0].replies, outs[0].states, outs[0].costs), cpu, finished
         states = None if any(o.states is None for o in outs) else [s for o in outs for s in o.states or []]
         replies = None if used else concat_rows([o.replies for o in outs])
-        return (Steps(replies, states, Costs.concat([o.costs for o in outs])), np.concatenate([c for _, c, _ in done]),
-                finished)
+        return Steps(replies, states, Costs.concat([o.costs for o in outs])), cpu, finished
 
     def evaluate(self, clients: np.ndarray, payload: Any) -> dict[str, np.ndarray]:
         """Federated evaluation of `clients` (sorted ids) with the server's `payload` (the algorithm's
@@ -383,7 +412,8 @@ class ClientShard:
         parts: list[Part] = []
         replies: list = []
         if reduce and out.replies is None and finished is not None:  # the chunks reduced their own replies
-            parts = [p for _, chunk in finished for p in chunk or []]
+            parts = merge_parts([p for _, chunk in finished for p in chunk or []], self.blocks,
+                                lambda a, b: self.algo.reduce([a, b]))
         elif reduce:
             kept = self.system.within_deadline(times) if times is not None else np.ones(len(ids), dtype=bool)
             if stacked:
@@ -394,6 +424,8 @@ class ClientShard:
                                      lambda a, b: self.algo.reduce([a, b]))
         else:
             replies = unstack(out.replies, len(ids)) if stacked else out.replies
+        if isinstance(cpu, CpuSplit):
+            return ShardResult(ids, out.costs, times, replies, cpu.of(out.costs.oracle_calls), parts, cpu)
         return ShardResult(ids, out.costs, times, replies, cpu, parts)
 
     def _blocks_within(self, lo: int, hi: int) -> list[tuple[int, int]]:

@@ -21,10 +21,11 @@ def test_cover_is_aligned_disjoint_and_exact(n):
     ids = sorted(rng.choice(n, size=max(1, n // 2), replace=False).tolist())
     blocks = cover(ids, n)
     got = [i for s, z in blocks for i in range(s, s + z)]
-    assert sorted(got) == ids and len(got) == len(set(got))
+    assert sorted(i for i in got if i < n) == ids and len(got) == len(set(got))
+    assert all(i >= n for i in got if i not in ids)  # beyond the ids, only the empty edge after the last client
     assert all(z & (z - 1) == 0 and s % z == 0 for s, z in blocks)  # aligned power-of-two blocks
-    if n & (n - 1) == 0:
-        assert cover(range(n), n) == [(0, n)]  # every client of a power-of-two federation: the root
+    assert cover(range(n), n) == [(0, root_size(n))]  # a shard of every client: the root, whatever n
+    assert (n - 1 in ids) == (max(s + z for s, z in blocks) == root_size(n))
     assert n <= root_size(n) < 2 * n or n == 1
 
 
@@ -181,9 +182,10 @@ def test_a_wide_field_summed_a_column_slice_per_thread_gives_the_same_bits(monke
     kept = np.sort(rng.choice(n, 300, replace=False))
     total = (rng.standard_normal((kept.size, 5000)) * 10 ** rng.uniform(-3, 3, (kept.size, 1))).astype(np.float32)
     reply = _Reply(torch.from_numpy(total), rng.integers(1, 50, kept.size) * 0.1)
-    one = reduce_stacked(kept, reply, cover(owned.tolist(), n))
+    blocks = cover(owned.tolist(), n + 1)  # a shard short of the federation's last client: several blocks
+    one = reduce_stacked(kept, reply, blocks)
     with ThreadPoolExecutor(4) as pool:
-        four = reduce_stacked(kept, reply, cover(owned.tolist(), n), pool, 4)
+        four = reduce_stacked(kept, reply, blocks, pool, 4)
     assert [(s, z) for s, z, _ in one] == [(s, z) for s, z, _ in four] and len(one) > 1
     for (_, _, a), (_, _, b) in zip(one, four):
         assert a.total.tobytes() == b.total.tobytes() and a.weight == b.weight

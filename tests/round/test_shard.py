@@ -111,3 +111,45 @@ def test_a_shards_rows_find_their_clients_and_name_those_they_do_not_hold(ids):
             rows.batch(np.array([int(ids[0]), missing]))
         with pytest.raises(KeyError):
             rows[missing]
+
+
+def test_a_shards_reply_travels_lean_and_arrives_with_the_same_bits(tmp_path, monkeypatch):
+    """A round's reply leaves a shard on two threads pickled, as Ray sends it: its CPU seconds as its chunks' times
+    (not a column of 8 bytes a client), its chunks' tree blocks merged into the shard's one block (a shard of every
+    client: the root). It arrives with every column's bits, and its one part has the bits of the same clients
+    reduced in one chunk."""
+    import dataclasses
+    import pickle
+
+    from raysim.round import shard as shard_module
+
+    monkeypatch.setattr(shard_module, "CHUNK_SECONDS", 1e-9)  # every step cut, however light
+    tree = {**CHUNKED, "data": {**CHUNKED["data"], "num_clients": 6000, "synthetic_samples": 60000}}
+    cfg = load_config(tree)
+    fed = build_federated(cfg.data, cfg.seed, tmp_path)
+    ids = np.sort(np.random.default_rng(0).choice(6000, 5000, replace=False))
+    results = []
+    for threads in (2, 1):
+        shard = ClientShard(Experiment.of(cfg), fed.to_dict(), range(fed.num_clients), threads=threads)
+        broadcast = shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast
+        results.append(shard.train(1, ids, broadcast, reduce=True))
+    sent, whole = results
+    assert sent.cpu_split is not None and len(sent.cpu_split.ends) == 2 and len(sent.parts) == 1 == len(whole.parts)
+    assert sent.parts[0][:2] == (0, 8192)  # the root: the shard holds the last client, so the empty edge after it
+    wire = pickle.dumps(sent, protocol=5)
+    assert len(pickle.dumps(dataclasses.replace(sent, cpu_split=None), protocol=5)) - len(wire) > 8 * 5000 - 500
+    got = pickle.loads(wire)
+    for name in ("clients", "compute_times", "cpu_seconds"):
+        a, b = getattr(sent, name), getattr(got, name)
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
+    for (s, z, v), (s2, z2, v2), (s3, z3, v3) in zip(sent.parts, got.parts, whole.parts):
+        assert (s, z) == (s2, z2) == (s3, z3)
+        assert v.total.tobytes() == v2.total.tobytes() == v3.total.tobytes() and v.weight == v2.weight == v3.weight
+
+
+def test_a_chunks_cpu_seconds_are_split_over_its_clients_by_their_oracle_calls():
+    from raysim.round.shard import CpuSplit
+
+    split = CpuSplit(np.array([3, 5]), np.array([6.0, 1.0]))
+    np.testing.assert_array_equal(split.of(np.array([1, 2, 3, 0, 0])), [1.0, 2.0, 3.0, 0.5, 0.5])  # no calls: evenly
+    assert CpuSplit(np.zeros(0, dtype=np.int64), np.zeros(0)).of(np.zeros(0, dtype=np.int64)).size == 0
