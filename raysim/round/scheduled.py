@@ -123,6 +123,7 @@ class ScheduledEngine:
         by_client = {t.client: t for t in tasks.values()}
         results = train(version + 1, sorted(by_client), self._broadcast(version))
         for r in results:
+            cpu = r.cpu_seconds
             for i, c in enumerate(r.clients.tolist()):
                 task = by_client[c]
                 cost = r.costs.cost(i)
@@ -133,7 +134,7 @@ class ScheduledEngine:
                                        f" plan_costs said {task.cost}; the buffered and async schedules time a client by"
                                        " plan_costs before it trains")
                 self.replies[task.seq] = r.replies[i]
-                self.cpu[task.seq] = float(r.cpu_seconds[i])
+                self.cpu[task.seq] = float(cpu[i])
 
     def _until_buffered(self) -> None:
         """Run the clock until `buffer` arrivals are in: clients start in free slots at each instant once its events

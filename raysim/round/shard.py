@@ -41,18 +41,13 @@ class ShardResult:
     costs: Costs
     compute_times: np.ndarray | None  # None: left to the server (they drop no client)
     replies: list
-    cpu_seconds: np.ndarray
+    cpu: np.ndarray | CpuSplit  # each client's measured CPU seconds, or the batched chunks' times they split
     parts: list[Part] = field(default_factory=list)
-    cpu_split: CpuSplit | None = None  # the batched chunks' times cpu_seconds split: sent in the column's place
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Its fields for the trip to the server, the CPU seconds as `cpu_split` where they are its shares."""
-        return self.__dict__ if self.cpu_split is None else {**self.__dict__, "cpu_seconds": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if self.cpu_split is not None:
-            self.cpu_seconds = self.cpu_split.of(self.costs.oracle_calls)
+    @property
+    def cpu_seconds(self) -> np.ndarray:
+        """Each client's CPU seconds: a batched step's travel as its chunks' times (`CpuSplit`), split where read."""
+        return self.cpu.of(self.costs.oracle_calls) if isinstance(self.cpu, CpuSplit) else self.cpu
 
 
 @dataclass
@@ -412,8 +407,7 @@ class ClientShard:
         parts: list[Part] = []
         replies: list = []
         if reduce and out.replies is None and finished is not None:  # the chunks reduced their own replies
-            parts = merge_parts([p for _, chunk in finished for p in chunk or []], self.blocks,
-                                lambda a, b: self.algo.reduce([a, b]))
+            parts = merge_parts([p for _, chunk in finished for p in chunk or []], self.blocks, self._combine)
         elif reduce:
             kept = self.system.within_deadline(times) if times is not None else np.ones(len(ids), dtype=bool)
             if stacked:
@@ -421,12 +415,14 @@ class ClientShard:
                                        self.pool, self.threads)
             else:
                 parts = reduce_owned({c: r for c, r, k in zip(ids.tolist(), out.replies, kept) if k}, self.blocks,
-                                     lambda a, b: self.algo.reduce([a, b]))
+                                     self._combine)
         else:
             replies = unstack(out.replies, len(ids)) if stacked else out.replies
-        if isinstance(cpu, CpuSplit):
-            return ShardResult(ids, out.costs, times, replies, cpu.of(out.costs.oracle_calls), parts, cpu)
         return ShardResult(ids, out.costs, times, replies, cpu, parts)
+
+    def _combine(self, a: Any, b: Any) -> Any:
+        """Two nodes of the reduction tree combined, as the server combines them (the algorithm's `reduce`)."""
+        return self.algo.reduce([a, b])
 
     def _blocks_within(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """This shard's blocks of the reduction tree cut to the ids lo..hi-1: the largest aligned blocks in both."""

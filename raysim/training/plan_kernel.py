@@ -152,7 +152,7 @@ def device_host_plans(n: np.ndarray, b: np.ndarray, per_epoch: np.ndarray, steps
     k = len(n)
     idx = np.empty((k, S, width), dtype=np.int32 if int(np.max(n, initial=0)) < 2**31 else np.int64)
     w = np.empty((k, S, width), dtype=np.uint8)
+    parts = max(1, min(host_threads(get_num_threads()), k // PART_MIN))
     with _ONE_CALL:
-        _fill_parts(*_inputs(n, b, per_epoch, steps, keys), idx, w, max(1, min(host_threads(get_num_threads()),
-                                                                               k // PART_MIN)))
+        _fill_parts(*_inputs(n, b, per_epoch, steps, keys), idx, w, parts)
     return idx, w

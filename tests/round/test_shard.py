@@ -122,6 +122,7 @@ def test_a_shards_reply_travels_lean_and_arrives_with_the_same_bits(tmp_path, mo
     import pickle
 
     from raysim.round import shard as shard_module
+    from raysim.round.shard import CpuSplit
 
     monkeypatch.setattr(shard_module, "CHUNK_SECONDS", 1e-9)  # every step cut, however light
     tree = {**CHUNKED, "data": {**CHUNKED["data"], "num_clients": 6000, "synthetic_samples": 60000}}
@@ -134,10 +135,10 @@ def test_a_shards_reply_travels_lean_and_arrives_with_the_same_bits(tmp_path, mo
         broadcast = shard.algo.plan(shard.algo.init(), 1, np.random.default_rng(0)).broadcast
         results.append(shard.train(1, ids, broadcast, reduce=True))
     sent, whole = results
-    assert sent.cpu_split is not None and len(sent.cpu_split.ends) == 2 and len(sent.parts) == 1 == len(whole.parts)
+    assert isinstance(sent.cpu, CpuSplit) and len(sent.cpu.ends) == 2 and len(sent.parts) == 1 == len(whole.parts)
     assert sent.parts[0][:2] == (0, 8192)  # the root: the shard holds the last client, so the empty edge after it
     wire = pickle.dumps(sent, protocol=5)
-    assert len(pickle.dumps(dataclasses.replace(sent, cpu_split=None), protocol=5)) - len(wire) > 8 * 5000 - 500
+    assert len(pickle.dumps(dataclasses.replace(sent, cpu=sent.cpu_seconds), protocol=5)) - len(wire) > 8 * 5000 - 500
     got = pickle.loads(wire)
     for name in ("clients", "compute_times", "cpu_seconds"):
         a, b = getattr(sent, name), getattr(got, name)
