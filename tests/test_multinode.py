@@ -15,6 +15,8 @@ import psutil
 import pytest
 import yaml
 
+from test_cluster_yaml import head_system_config
+
 RAY = str(Path(sys.executable).parent / "ray")
 SECURE = {"RAY_AUTH_MODE": "token"}  # with RAY_AUTH_TOKEN_PATH: the token file every node and the driver read
 CFG = {
@@ -52,7 +54,8 @@ def two_nodes():
     common = ["--num-cpus=1", "--disable-usage-stats"]
     try:
         subprocess.run([RAY, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-                        '--resources={"head_node": 1}', *common], check=True, capture_output=True, env=env, timeout=120)
+                        '--resources={"head_node": 1}', f"--system-config={json.dumps(head_system_config())}", *common],
+                       check=True, capture_output=True, env=env, timeout=120)
         subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", '--resources={"worker_node": 1}', *common],
                        check=True, capture_output=True, env=env, timeout=120)
         yield f"127.0.0.1:{port}", env
@@ -97,3 +100,22 @@ def test_a_client_without_the_token_is_refused(two_nodes, tmp_path):
     for name in ("none", "wrong"):
         assert probes[name].returncode != 0 and "JOINED" not in out[name][0]
         assert "InvalidAuthToken" in out[name][1], out[name][1][-2000:]
+
+
+@pytest.mark.slow  # long; run with -m slow
+def test_the_heads_system_config_reaches_the_worker_node(two_nodes):
+    """cluster.yaml's head settings (started with them, as `ray up` starts the head) hold for a task on the other
+    node: it runs at normal priority, and its 500 KB result travels inline (no copy in any node's object store)."""
+    address, env = two_nodes
+    probe = subprocess.run([sys.executable, "-c", (
+        "import json, os, numpy as np, ray; ray.init(address=%r, logging_level='ERROR')\n"
+        "@ray.remote(resources={'worker_node': 1})\n"
+        "def f(): return np.zeros(62_500), os.nice(0), ray.get_runtime_context().get_node_id()\n"
+        "ref = f.remote(); _, nice, node = ray.get(ref)\n"
+        "head = [n['NodeID'] for n in ray.nodes() if n['Alive'] and 'head_node' in n['Resources']]\n"
+        "print(json.dumps({'nice': nice, 'on_head': node in head,"
+        " 'stored': ray.experimental.get_object_locations([ref])[ref]['node_ids']}))") % address],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert seen == {"nice": 0, "on_head": False, "stored": []}

@@ -26,6 +26,9 @@ QUICK_CONNECT = {"raylet_client_connect_timeout_milliseconds": 10, "raylet_clien
 # the call's own response up to 1 MiB, instead of through the object store above Ray's 100 KiB, which took
 # ~1.2 ms more a round (3.0 -> 1.9 ms from a shard's end to the result in the driver at 1,000 clients).
 INLINE_REPLIES = {"max_direct_call_object_size": 1 << 20}
+# What every raysim cluster's head sets, a local Ray (`start_local`) and one of `ray up cluster.yaml` alike (the
+# other nodes take it from the head): workers at normal priority and replies inline up to 1 MiB.
+CLUSTER_CONFIG = {"worker_niceness": 0, **INLINE_REPLIES}
 REGISTERED_POLL_S = 0.01  # how often start-up asks the GCS whether the raylet has registered
 REGISTERED_WAIT_S = 30.0  # Ray's own deadline for it
 PACKAGE = Path(__file__).resolve().parents[1]  # the raysim this process imported (site-packages, or a checkout's raysim/)
@@ -127,8 +130,7 @@ def start_local(num_cpus: int | None = None) -> None:
     try:
         with _lean_head():
             ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING, job_config=WorkerPaths(),
-                     _system_config={"worker_niceness": 0, "prestart_worker_first_driver": False,
-                                     **QUICK_CONNECT, **INLINE_REPLIES})
+                     _system_config={**CLUSTER_CONFIG, "prestart_worker_first_driver": False, **QUICK_CONNECT})
     finally:
         notice.setLevel(level)
 
