@@ -9,7 +9,7 @@ from raysim.contract import ClientData, Context
 from raysim.core.rng import stream
 from raysim.models import ModelConfig
 from raysim.training import LocalSGD, LocalSGDParams, sample_losses
-from raysim.training.stacked import chain_of, stacked_grad
+from raysim.training.stacked import ELEMENTWISE, StackedGrad, chain_of, stacked_grad
 
 
 def vmap_grad(algo: LocalSGD, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -73,14 +73,56 @@ def test_the_losses_vmap_batches_otherwise_keep_vmap(loss):
     assert algorithm(ModelConfig(name="mlp", hidden=[16]), (64,), 1, loss=loss)._stacked is None
 
 
-@pytest.mark.parametrize("activation", [nn.Tanh, nn.Sigmoid, nn.GELU, nn.LeakyReLU])
+@pytest.mark.parametrize("activation", [a for a in ELEMENTWISE if a is not nn.ReLU] + [lambda: nn.GELU("tanh")])
 def test_other_elementwise_activations_take_the_stacked_path_with_vmaps_numbers(activation):
     algo = with_activation(algorithm(ModelConfig(name="mlp", hidden=[24, 12], dtype="float32"), (64,), 10), activation)
-    assert algo._stacked is not None
+    assert algo._stacked is not None and algo._stacked.by_hand
     g = torch.Generator().manual_seed(1)
     theta = torch.randn(5, algo.spec.size, generator=g)
-    x, y, w = torch.randn(5, 9, 64, generator=g), torch.randint(0, 10, (5, 9), generator=g), torch.ones(5, 9)
-    assert torch.equal(algo.batch_grads(theta, x, y, w), vmap_grad(algo, theta, x, y, w))
+    x, y, w = torch.randn(5, 9, 64, generator=g) * 3, torch.randint(0, 10, (5, 9), generator=g), torch.ones(5, 9)
+    fast = algo.batch_grads(theta, x, y, w)
+    assert torch.equal(fast, autograd_grad(algo._stacked, theta, x, y, w))
+    if activation is not nn.SiLU:  # torch.func differentiates silu by another formula than autograd's silu_backward
+        assert torch.equal(fast, vmap_grad(algo, theta, x, y, w))
+
+
+def autograd_grad(stacked: StackedGrad, *args: torch.Tensor) -> torch.Tensor:
+    """The stacked gradient through autograd (its path before `grad_by_hand`, and still the path off a CPU)."""
+    by_hand, stacked.by_hand = stacked.by_hand, False
+    try:
+        return stacked(*args)
+    finally:
+        stacked.by_hand = by_hand
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("model,shape", [(ModelConfig(name="mlp", hidden=[256]), (20,)),
+                                         (ModelConfig(name="mlp", hidden=[64, 32]), (64,)),
+                                         (ModelConfig(name="logreg"), (4, 5))])
+def test_the_gradient_by_hand_is_autograds_bit_for_bit(model, shape, dtype):
+    """Label cross-entropy without autograd on a CPU: the bits of its autograd, for few and many clients, short and
+    padded batches, clients past their last step; each client's rows the same whichever clients share the call."""
+    algo = algorithm(model.model_copy(update={"dtype": dtype}), shape, 10)
+    stacked, g, dt = algo._stacked, torch.Generator().manual_seed(5), algo.dtype
+    assert stacked is not None and stacked.by_hand
+    for k, b in [(1, 5), (5, 10), (300, 5), (17, 1), (64, 33)]:
+        theta = torch.randn(k, algo.spec.size, generator=g, dtype=dt) * 0.3
+        x, y = torch.randn(k, b, *shape, generator=g, dtype=dt), torch.randint(0, 10, (k, b), generator=g)
+        w = (torch.rand(k, b, generator=g) > 0.2).to(dt)
+        w[-1] = 0.0  # a client past its last step
+        fast = stacked(theta, x, y, w)
+        assert torch.equal(fast, autograd_grad(stacked, theta, x, y, w)), (k, b)
+        assert torch.equal(fast[:1], stacked(theta[:1], x[:1], y[:1], w[:1])), (k, b)
+
+
+def test_the_gradient_goes_by_hand_only_where_autograd_is_mirrored():
+    """Soft labels, l2 and an in-place activation keep autograd (their backward is not mirrored); so does a GPU."""
+    labels = algorithm(ModelConfig(name="mlp", hidden=[16]), (64,), 10)._stacked
+    assert labels is not None and labels.by_hand
+    assert not algorithm(ModelConfig(name="mlp", hidden=[16]), (64,), 10, l2=0.1)._stacked.by_hand
+    inplace = algorithm(ModelConfig(name="mlp", hidden=[16]), (64,), 10)
+    inplace.module = nn.Sequential(*(nn.ReLU(inplace=True) if isinstance(m, nn.ReLU) else m for m in inplace.module))
+    assert not with_activation(inplace, lambda: nn.ReLU(inplace=True))._stacked.by_hand
 
 
 def test_local_training_is_the_same_with_and_without_the_stacked_path():
