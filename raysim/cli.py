@@ -1,10 +1,12 @@
 """The `raysim` command: run an experiment, report on a run, list what is available."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,6 +18,40 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 console = Console(soft_wrap=True)
 BUILTIN_COMMANDS = ("run", "sweep", "report", "retime", "export")  # need no family command; `list` shows them all
 errors = Console(stderr=True, soft_wrap=True)  # one error, one line: never wrapped at the terminal width
+N = TypeVar("N", int, float)
+
+
+def numbers(text: str, kind: type[N], flag: str) -> list[N]:
+    """A comma-separated option of numbers (`--seeds 0,1,2`); a value that is none: one line naming `flag`."""
+    from raysim.errors import ConfigError
+
+    try:
+        return [kind(v) for v in text.split(",")]
+    except ValueError:
+        bad = next(v for v in text.split(",") if not _is(kind, v))
+        raise ConfigError(f"{flag} {text}: {bad!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
+def _is(kind: type, text: str) -> bool:
+    try:
+        kind(text)
+        return True
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def input_errors(*kinds: type[Exception]) -> Iterator[None]:
+    """A family command's mistakes in its input as UserErrors, which `main` prints in one line on stderr with exit
+    status 2: what its own parsing raises (`kinds`, e.g. ValueError) becomes a ConfigError; a UserError passes."""
+    from raysim.errors import ConfigError, UserError
+
+    try:
+        yield
+    except UserError:
+        raise
+    except kinds as e:
+        raise ConfigError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from e
 
 
 @app.command()

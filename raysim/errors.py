@@ -34,6 +34,10 @@ class DataError(UserError, ValueError):
     """Data that cannot give the experiment asked for (a missing or unreadable file, too few samples); names the data.* field."""
 
 
+class ClusterError(UserError, ConnectionError):
+    """A Ray address that cannot be joined (`--address`, `cluster.address`); names it and Ray's reason."""
+
+
 class RunDirError(UserError, FileNotFoundError):
     """A directory given as a run (`--resume`, `raysim report`) that is not one."""
 

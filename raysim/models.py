@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -93,8 +94,17 @@ def _cnn(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_
 
 
 def build_model(cfg: ModelConfig, feature_shape: tuple, image_shape: tuple | None, num_classes: int) -> nn.Module:
-    """Instantiate the configured architecture in the configured dtype."""
-    return MODELS.lookup(cfg.name)(cfg, tuple(feature_shape), image_shape, num_classes).to(DTYPES[cfg.dtype])
+    """Instantiate the configured architecture in the configured dtype. A layer of no parameters (a classifier's head
+    on data without classes: real targets) is a model the data cannot feed: ConfigError naming model.name."""
+    with warnings.catch_warnings():  # torch's note on an empty layer: the error below says what it means
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        module = MODELS.lookup(cfg.name)(cfg, tuple(feature_shape), image_shape, num_classes)
+    empty = next((name for name, p in module.named_parameters() if p.numel() == 0), None)
+    if empty is not None:
+        what = f"{num_classes} classes" if num_classes else "no classes (real targets)"
+        raise ConfigError(f"model.name: {cfg.name!r} has no parameters in {empty} for data of {feature_shape} features"
+                          f" and {what}; choose a model for these targets or a source with class labels")
+    return module.to(DTYPES[cfg.dtype])
 
 
 @dataclass(frozen=True)

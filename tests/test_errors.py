@@ -17,6 +17,9 @@ from raysim.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "configs/fedavg/quickstart.yaml")
 SWEEP = str(ROOT / "configs/fedavg/sweep_fedprox_mu.yaml")
+FISHER = str(ROOT / "configs/fedfisher/fedfisher_digits.yaml")
+ATTACK = str(ROOT / "configs/sketching/sketch_attack.yaml")
+WRITERS = ("run", "sweep", "oneshot", "schedules", "compare", "rank", "attack")  # commands that take --out DIR
 
 
 @pytest.fixture
@@ -33,6 +36,7 @@ def files(tmp_path):
         "badplugin.py": "import no_such_dependency_xyz\n",
         "synplugin.py": "def broken(:\n",
         "corrupt.parquet": "this is not parquet",
+        "bad_attack.yaml": Path(ATTACK).read_text().replace("trials: 20", "trials: -1"),
         "duplicate.yaml": DUPLICATE,
         "shadow.py": "from raysim.data import register_source\n\n\n@register_source('digits')\n"
                      "def digits(cfg, seed):\n    raise AssertionError('never loaded')\n",
@@ -151,6 +155,22 @@ CASES = [
      "algorithm: scaffold's option II control variate assumes plain local SGD"),
     ("sweep space on an unknown field", ["sweep", SWEEP, "sweep.space={algorithm.muu: {grid: [0.0, 0.1, 1.0]}}"],
      "sweep.space.algorithm.muu: every value is invalid: algorithm.muu: unknown field"),
+    ("a classifier on real targets", ["run", QUICK, "backend=local", "data.source=linear_regression",
+                                      "data.partition={kind: iid}"], "model.name: 'mlp' has no parameters in 3.weight"),
+    ("--address Ray cannot parse", ["run", QUICK, "--address", "no-such-address"],
+     "--address no-such-address: cannot join Ray there (Invalid address format"),
+    ("oneshot of a missing file", ["oneshot", "{missing}.yaml"], "config file '{missing}.yaml' does not exist"),
+    ("oneshot with a field no method takes", ["oneshot", FISHER, "algorithm.nosuch=1"],
+     "algorithm.nosuch: unknown field (no one-shot method takes it)"),
+    ("oneshot --seeds not integers", ["oneshot", FISHER, "--seeds", "0,a"], "--seeds 0,a: 'a' is not an integer"),
+    ("oneshot --methods unknown", ["oneshot", FISHER, "--methods", "fedavg,nosuch"], "--methods: unknown method 'nosuch'"),
+    ("schedules of a missing file", ["schedules", "{missing}.yaml"], "config file '{missing}.yaml' does not exist"),
+    ("schedules --sigma not numbers", ["schedules", str(ROOT / "configs/fedavg/fedbuff.yaml"), "--sigma", "1,x"],
+     "--sigma 1,x: 'x' is not a number"),
+    ("compare of a missing file", ["compare", "{missing}.yaml"], "config file '{missing}.yaml' does not exist"),
+    ("rank of a missing file", ["rank", "{missing}.yaml"], "config file '{missing}.yaml' does not exist"),
+    ("attack of a missing file", ["attack", "{missing}.yaml"], "config file '{missing}.yaml' does not exist"),
+    ("attack with a wrong value", ["attack", "{bad_attack.yaml}"], "attack.trials: Input should be greater than"),
 ]
 
 
@@ -164,7 +184,7 @@ def fill(text: str, files: dict) -> str:
 def test_a_mistake_is_one_line_and_exit_status_2(args, named, files, tmp_path, capsys):
     args = [fill(a, files) for a in args]
     out = tmp_path / "results" / "run"
-    if args[0] in ("run", "sweep") and "--resume" not in args:
+    if args[0] in WRITERS and "--resume" not in args:
         args += ["--out", str(out)]
     status = main(args)
     err = capsys.readouterr().err
@@ -220,6 +240,10 @@ RUN_DIR_CASES = [  # (case, what to do to a copy of the finished run, arguments 
     ("--out under a file", None, ["run", QUICK, "--out", "{run}/config.yaml/sub"], "config.yaml/sub: cannot create it"),
     ("--out on a non-empty directory that is no run", None, ["run", QUICK, "--out", "{run}/data"], "not empty and holds no raysim run"),
     ("--overwrite without --out", None, ["run", QUICK, "--overwrite"], "--overwrite replaces the run in --out DIR"),
+    ("report --out naming a file", None, ["report", "{run}", "--out", "{run}/config.yaml"],
+     "--out {run}/config.yaml: exists and is not a directory"),
+    ("retime --out naming a file", None, ["retime", "{run}", "--set", "system.comm.phi=5", "--out", "{run}/config.yaml"],
+     "--out {run}/config.yaml: exists and is not a directory"),
     ("--resume with a truncated rounds.parquet", lambda run: _truncate(run / "rounds.parquet"),
      ["run", "--resume", "{run}"], "rounds.parquet: damaged, cannot be read ("),
     ("--resume with every checkpoint damaged", lambda run: [_truncate(p) for p in run.glob("checkpoints/round-*/server.pkl")],

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from raysim.cli import console
+from raysim.cli import console, input_errors, numbers
 from raysim.plugins import register_command
 
 
@@ -22,13 +22,9 @@ def schedules(
     """Simulated time, Γ and wall time to a target accuracy: FedBuff, FedAsync and synchronous FedAvg (K and C
     clients a round) over the spread of client speeds."""
     from raysim.algorithms.fedavg.schedules import compare_schedules
-    from raysim.config import ConfigError
 
-    try:
-        table = compare_schedules(config, tuple(float(v) for v in sigma.split(",")), target, out, override or [])
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    with input_errors(ValueError):
+        table = compare_schedules(config, tuple(numbers(sigma, float, "--sigma")), target, out, override or [])
     view = Table(*["σ", "schedule", "K", "C", "updates", "sim time", "Γ", "/ sync", "acc.", "wall s"])
     for r in table.itertuples():
         view.add_row(f"{r.sigma:g}", r.schedule, str(r.clients_per_update), str(r.concurrency),

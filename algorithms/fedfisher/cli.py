@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from raysim.cli import console
+from raysim.cli import console, input_errors, numbers
 from raysim.plugins import register_command
 
 
@@ -21,13 +21,9 @@ def oneshot(
     address: Optional[str] = typer.Option(None, help="Ray address; default starts a local Ray"),
 ) -> None:
     """Run several one-shot methods (FedFisher and baselines) over seeds; write an accuracy table and plot."""
-    from raysim.config import ConfigError
     from raysim.algorithms.fedfisher.oneshot import compare
 
-    try:
-        compare(config, methods.split(","), [int(s) for s in seeds.split(",")], out, overrides or [], address)
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    with input_errors(ValueError):
+        compare(config, methods.split(","), numbers(seeds, int, "--seeds"), out, overrides or [], address)
     console.print((out / "oneshot.md").read_text())
     console.print(f"results: {out}")

@@ -10,9 +10,8 @@ import copy
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from raysim.config import AlgorithmConfig
+from raysim.config import AlgorithmConfig, ConfigError
 from raysim.plugins import ALGORITHMS
 
 METHODS: dict[str, tuple[str, dict]] = {
@@ -29,12 +28,17 @@ METHODS: dict[str, tuple[str, dict]] = {
 
 def method_config(tree: dict, method: str, seed: int) -> dict:
     """The config tree for one method: its algorithm name and fixed settings, the seed, and only those
-    algorithm keys of `tree` that the method's Params accept (shared keys such as local_epochs)."""
+    algorithm keys of `tree` that the method's Params accept (shared keys such as local_epochs). A key that no
+    one-shot method accepts is a mistake (ConfigError naming it), not left out."""
     if method not in METHODS:
-        raise ValueError(f"--methods: unknown method {method!r}; allowed: {sorted(METHODS)}")
+        raise ConfigError(f"--methods: unknown method {method!r}; allowed: {', '.join(sorted(METHODS))}")
     name, fixed = METHODS[method]
     tree = copy.deepcopy(tree)
-    section = tree.get("algorithm", {})
+    section = tree.get("algorithm") or {}
+    known = set(AlgorithmConfig.model_fields).union(*(ALGORITHMS.lookup(n).Params.model_fields for n, _ in METHODS.values()))
+    unknown = sorted(k for k in section if k not in known)
+    if unknown:
+        raise ConfigError(f"algorithm.{unknown[0]}: unknown field (no one-shot method takes it)")
     accepted = set(AlgorithmConfig.model_fields) | set(ALGORITHMS.lookup(name).Params.model_fields)
     tree["algorithm"] = {**{k: v for k, v in section.items() if k in accepted}, "name": name, **fixed}
     tree["seed"] = seed
@@ -44,13 +48,15 @@ def method_config(tree: dict, method: str, seed: int) -> dict:
 def compare(config: str | Path | dict, methods: list[str], seeds: list[int], out: str | Path,
             overrides: list[str] | None = None, address: str | None = None) -> pd.DataFrame:
     """Run every method for every seed into out/<method>-seed<seed>/ and write out/oneshot.{parquet,md,png}."""
-    from raysim.config import apply_overrides, parse_override
+    from raysim.config import apply_overrides, parse_override, read_config_file
     from raysim.algorithms.fedfisher.plots import write_comparison
     from raysim.storage.atomic import write_parquet
     from raysim.runner import ensure_ray, run
     import ray
 
-    tree = copy.deepcopy(config) if isinstance(config, dict) else yaml.safe_load(Path(config).read_text())
+    tree = copy.deepcopy(config) if isinstance(config, dict) else read_config_file(config)
+    if not isinstance(tree, dict):
+        raise ConfigError("expected a mapping of sections (data:, model:, algorithm:, ...)", str(config))
     tree = apply_overrides(tree, dict(map(parse_override, overrides or [])))
     trees = {(m, s): method_config(tree, m, s) for m in methods for s in seeds}  # fail before any run
     out = Path(out)

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from raysim.cli import console
+from raysim.cli import console, input_errors, numbers
 from raysim.plugins import register_command
 
 
@@ -21,13 +21,9 @@ def compare(
 ) -> None:
     """Run algorithms to accuracy epsilon; table of Γ, simulated time and rounds (the FedLRGD paper)."""
     from raysim.algorithms.fedlrgd.compare import compare as run_compare
-    from raysim.config import ConfigError
 
-    try:
-        table = run_compare(configs, tuple(epsilon), out, tuple(int(v) for v in b.split(",")), override or [])
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    with input_errors(ValueError):
+        table = run_compare(configs, tuple(epsilon), out, tuple(numbers(b, int, "--b")), override or [])
     view = Table(*["epsilon", "config", "algorithm", "b", "reached", "rounds", "gamma", "sim_time",
                    "gamma / best FedAvg", "final_suboptimality"])
     for r in table.itertuples():
@@ -47,14 +43,10 @@ def rank(
     out: Path = typer.Option(Path("runs/rank"), help="the run directory"),
 ) -> None:
     """Train through raysim, then measure the approximate rank of per-sample gradients (App. C)."""
-    from raysim.config import ConfigError
     from raysim.algorithms.fedlrgd.rank import rank_run
 
-    try:
+    with input_errors(ValueError):
         s = rank_run(config, out, k, overrides or [])
-    except (ConfigError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
     console.print(f"{s.coordinates} coordinates, k={s.k}: rank <= 5 {s.share_le_5:.1%}, rank <= 10 "
                   f"{s.share_le_10:.1%}, median {s.median:g}, max {s.max}")
     console.print(f"results: {out}/rank.parquet (raysim report {out} draws the histogram)")

@@ -132,9 +132,9 @@ def compare(configs: Sequence[str | Path], epsilons: float | tuple[float, ...], 
     epsilons = (epsilons,) if isinstance(epsilons, (int, float)) else tuple(epsilons)
     if not epsilons or not all(e > 0 for e in epsilons):
         raise ValueError(f"epsilon: every target must be > 0, got {list(epsilons)}")
+    cfgs = [load_config(c, overrides or []) for c in configs]  # every config checked before anything is made
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfgs = [load_config(c, overrides or []) for c in configs]
     started = ray_session.ensure(address or cfgs[0].cluster.address, cfgs[0].cluster.num_cpus)
     rows = []
     try:

@@ -22,7 +22,6 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import grad, jacrev
 
@@ -259,13 +258,23 @@ def attack_trial(cfg: AttackConfig, b: int, epsilon: float | None, trial: int) -
 
 
 def load_attack_config(path: str | Path) -> AttackConfig:
-    """Read the `attack:` section (and name, seed) of an attack YAML; errors name the field."""
-    tree = yaml.safe_load(Path(path).read_text()) or {}
-    section = dict(tree.get("attack", {}))
+    """Read the `attack:` section (and name, seed) of an attack YAML; errors (ConfigError) name the file and field."""
+    from pydantic import ValidationError
+
+    from raysim.config import ConfigError, read_config_file
+    from raysim.core.field_errors import field_errors
+
+    tree = read_config_file(path) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError("expected a mapping of sections (attack:, name:, seed:)", str(path))
+    section = dict(tree.get("attack") or {})
     for key in ("name", "seed"):
         if key in tree:
             section[key] = tree[key]
-    return AttackConfig.model_validate(section)
+    try:
+        return AttackConfig.model_validate(section)
+    except ValidationError as e:
+        raise ConfigError(field_errors(e, "attack"), str(path)) from None
 
 
 def run_attack(cfg: AttackConfig, out: str | Path) -> tuple[Path, Path]:

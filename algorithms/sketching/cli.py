@@ -15,14 +15,8 @@ def attack(
     out: Path = typer.Option(Path("runs/sketch_attack"), help="folder for attack.parquet and attack.png"),
 ) -> None:
     """Gradient-leakage attack on sketched uploads: success vs sketch size b and vs DP ε̂ (the sketching paper)."""
-    from pydantic import ValidationError
-
     from raysim.algorithms.sketching.attack import load_attack_config, run_attack
 
-    try:
-        cfg = load_attack_config(config)
-    except (ValidationError, OSError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2)
+    cfg = load_attack_config(config)
     for path in run_attack(cfg, out):
         console.print(str(path))

@@ -11,6 +11,7 @@ import pandas as pd
 
 from raysim.callbacks.trackers import tracked
 from raysim.errors import UserError
+from raysim.storage.atomic import make_dir
 from raysim.report.figures import AXES, metric_columns, save_figure, tidy_x, wants_log
 from raysim.results import RunResult
 
@@ -123,7 +124,7 @@ def compare(run_dirs: Sequence[str | Path], out: str | Path = "report", metrics:
         raise UserError("the runs share no metric column: " + "; ".join(
             f"{lab} has {', '.join(metric_columns(r.rounds)) or 'none'}" for lab, r in zip(labels, results)))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     legends, groups = legend_labels(results), seed_groups(results)
     written = [save_figure(overlay_figure(m, results, legends, groups), out / f"compare_{m}.png", legend_outside=True)
                for m in shared]

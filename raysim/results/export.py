@@ -128,14 +128,15 @@ def trained_model(run_dir: str | Path, best: bool = False) -> Trained:
 
 
 def export(run_dir: str | Path, out: str | Path | None = None, best: bool = False) -> tuple[Path, Trained]:
-    """Write the run's trained model to `out` (default RUN/model.pt, or RUN/model.npz for array exports),
-    atomically; returns the path and what was written. A model that is not all arrays raises ExportError
+    """Write the run's trained model to `out` (default RUN/model.pt, or RUN/model.npz for array exports; into a
+    directory `out` under that name), atomically; returns the path and what was written. A model that is not all arrays raises ExportError
     (see `model_arrays`) before anything is written."""
     import torch
 
     trained = trained_model(run_dir, best)
     is_module = isinstance(trained.model, torch.nn.Module)
-    path = Path(out) if out is not None else Path(run_dir) / ("model.pt" if is_module else "model.npz")
+    name = "model.pt" if is_module else "model.npz"
+    path = Path(run_dir) / name if out is None else Path(out) / name if Path(out).is_dir() else Path(out)
     if is_module:
         atomic_write_bytes(path, lambda tmp: torch.save(trained.model.state_dict(), tmp))
     else:

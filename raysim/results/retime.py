@@ -19,7 +19,7 @@ from raysim.config import ExperimentConfig, dump_config, load_config, parse_over
 from raysim.contract import Cost
 from raysim.errors import ConfigError, RunDirError
 from raysim.results.tables import RunResult, new_run_dir
-from raysim.storage.atomic import atomic_write_bytes, write_text
+from raysim.storage.atomic import atomic_write_bytes, make_dir, write_text
 from raysim.system import Ledger, SystemModel
 
 CLIENT_COSTS = ("oracle_calls", "oracle_batches", "upload_vectors", "upload_bytes")
@@ -69,6 +69,7 @@ def retime(run_dir: str | Path, overrides: list[str] | dict, out: str | Path | N
     out = Path(out) if out is not None else new_run_dir(f"{cfg.name}-retimed")
     if out.resolve() == run_dir.resolve() or (out / "rounds.parquet").exists():
         raise RunDirError(f"--out {out}: holds a run already; give a new directory")
+    make_dir(out)  # a file there is refused before the work
 
     ids = old.clients["client_id"].to_numpy()
     model = SystemModel(new.system, new.seed, max(new.data.num_clients, int(ids.max()) + 1 if ids.size else 0))
@@ -95,7 +96,6 @@ def retime(run_dir: str | Path, overrides: list[str] | dict, out: str | Path | N
                 timing.compute_time, timing.upload_time, timing.finish_time)
             parts[t] = group
 
-    out.mkdir(parents=True, exist_ok=True)
     write_text(dump_config(new), out / "config.yaml")
     for t, group in parts.items():
         _write_table(_table(group), out / "clients.parquet" / f"round-{t:06d}.parquet")

@@ -16,7 +16,7 @@ import ray
 from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated, check_source
-from raysim.errors import ConfigError, DivergenceError, RunDirError, RunInterrupted, UserError
+from raysim.errors import ClusterError, ConfigError, DivergenceError, RunDirError, RunInterrupted, UserError
 from raysim.results import RunResult, RunWriter, new_run_dir
 from raysim.results.export import save_federated
 from raysim.round.experiment import Experiment, check_on
@@ -25,12 +25,21 @@ from raysim.runner import ray_session
 from raysim.runner.interrupt import StopSignals
 from raysim.runner.progress import LOGGER, RunProgress, configure_logging
 from raysim.storage import checkpoint
-from raysim.storage.atomic import write_text
+from raysim.storage.atomic import make_dir, write_text
 
 
 def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
-    """Connect to `address` (or the config's), or start a local Ray; True if this call started it."""
-    return ray_session.ensure(address or cfg.cluster.address, cfg.cluster.num_cpus)
+    """Connect to `address` (or the config's), or start a local Ray; True if this call started it. An address that
+    is malformed or answers nothing is the user's to fix (ClusterError), not a defect."""
+    where = address or cfg.cluster.address
+    try:
+        return ray_session.ensure(where, cfg.cluster.num_cpus)
+    except (ValueError, ConnectionError) as e:
+        if not where:
+            raise
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ClusterError(f"{'--address' if address else 'cluster.address'} {where}: cannot join Ray there ({reason})"
+                           ) from e
 
 
 def server_in_driver(cfg: ExperimentConfig, address: str | None) -> bool:
@@ -115,8 +124,6 @@ def claim_out(run_dir: Path, overwrite: bool = False) -> Path | None:
     """Make `--out` ready for a new run and return the outermost directory this made (None: it existed). A
     directory holding a run is refused unless `overwrite` (then its contents go first); so is any other
     non-empty directory, or a path that is a file or cannot be made: results are never mixed."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"--out {run_dir}: exists and is not a directory")
     if run_dir.is_dir() and any(run_dir.iterdir()):
         if not any((run_dir / name).exists() for name in RUN_FILES):
             raise RunDirError(f"--out {run_dir}: not empty and holds no raysim run; give a new or empty directory")
@@ -125,10 +132,7 @@ def claim_out(run_dir: Path, overwrite: bool = False) -> Path | None:
                               "`--overwrite` replaces it")
         shutil.rmtree(run_dir)
     created = _first_new_parent(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunDirError(f"--out {run_dir}: cannot create it ({e.strerror or type(e).__name__})") from None
+    make_dir(run_dir)
     return created
 
 

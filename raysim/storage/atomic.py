@@ -17,6 +17,17 @@ from raysim.errors import RunDirError
 T = TypeVar("T")
 
 
+def make_dir(path: Path, flag: str = "--out") -> None:
+    """Create the directory `path` (and its parents) for results, or refuse in one line naming `flag` (RunDirError):
+    a file is there, or it cannot be made."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{flag} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirError(f"{flag} {path}: cannot create it ({e.strerror or type(e).__name__})") from None
+
+
 def atomic_write_bytes(path: Path, write: Callable[[str], object]) -> None:
     """Write through `write(tmp_path)` to a temporary file beside `path`, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,8 @@ class StackedGrad:
         # in place, an activation's autograd node takes its output where the out-of-place one takes its input
         self.by_hand = by_hand and not l2 and not any(getattr(layer, "inplace", False) for _, layer in layers)
 
-    def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor, kept: list | None = None) -> torch.Tensor:
+    def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """The clients' outputs [k, B, out]; with `kept`, each layer's (input, output) appended to it, and its linear
         layers not autograd's Functions (`grad_by_hand`)."""
         h = x
@@ -143,8 +144,10 @@ class StackedGrad:
         """`__call__`'s gradient under label cross-entropy without autograd: the forward keeps each layer's input and
         output, then the kernels autograd's backward would issue (StackedLinear.backward, `activation_grad`,
         `label_ce_grad`) run in its order, down to the first linear layer (the data need no gradient)."""
-        params, kept = self.spec.unflatten(theta), []
-        grad, grads = label_ce_grad(self.forward(params, x, kept), y, w), {}
+        params = self.spec.unflatten(theta)
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+        grads: dict[str, torch.Tensor] = {}
+        grad = label_ce_grad(self.forward(params, x, kept), y, w)
         first = next(i for i, (layer, _, _) in enumerate(self.layers) if type(layer) is nn.Linear)
         for i in range(len(self.layers) - 1, first - 1, -1):
             (layer, weight, bias), (x_in, out) = self.layers[i], kept[i]

@@ -57,6 +57,14 @@ def test_exported_state_dict_scores_the_runs_last_test_accuracy(run, tmp_path):
     assert accuracy(untrained, run.run_dir) < run.rounds["test_accuracy"].iloc[-1] - 0.1
 
 
+def test_an_out_that_is_a_directory_gets_the_model_file_inside(run, tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    assert main(["export", str(run.run_dir), "--out", str(folder)]) == 0
+    assert [p.name for p in folder.iterdir()] == ["model.pt"]
+    assert torch.load(folder / "model.pt").keys() == run.model().state_dict().keys()
+
+
 def test_best_exports_the_best_round_not_the_last(run):
     best = json.loads((run.run_dir / "best_model" / "best.json").read_text())
     rounds = run.rounds.set_index("round")
