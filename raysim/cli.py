@@ -142,7 +142,8 @@ def retime(
 @app.command()
 def export(
     run_dir: Path = typer.Argument(..., help="a finished (or stopped) run directory"),
-    out: Optional[Path] = typer.Option(None, help="write here (a file, or an existing directory to hold model.pt / model.npz) instead of RUN/model.pt (RUN/model.npz for array models)"),
+    out: Optional[Path] = typer.Option(None, help="write here (a file, or an existing directory to hold model.pt /"
+                                       " model.npz) instead of RUN/model.pt (RUN/model.npz for array models)"),
     best: bool = typer.Option(False, help="the best round kept by the best_model callback, not the newest checkpoint"),
 ) -> None:
     """Save a run's trained model: a torch state_dict for build_model of the run's model config, or arrays."""
