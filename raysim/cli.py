@@ -25,19 +25,13 @@ def numbers(text: str, kind: type[N], flag: str) -> list[N]:
     """A comma-separated option of numbers (`--seeds 0,1,2`); a value that is none: one line naming `flag`."""
     from raysim.errors import ConfigError
 
-    try:
-        return [kind(v) for v in text.split(",")]
-    except ValueError:
-        bad = next(v for v in text.split(",") if not _is(kind, v))
-        raise ConfigError(f"{flag} {text}: {bad!r} is not {'an integer' if kind is int else 'a number'}") from None
-
-
-def _is(kind: type, text: str) -> bool:
-    try:
-        kind(text)
-        return True
-    except ValueError:
-        return False
+    values = []
+    for v in text.split(","):
+        try:
+            values.append(kind(v))
+        except ValueError:
+            raise ConfigError(f"{flag} {text}: {v!r} is not {'an integer' if kind is int else 'a number'}") from None
+    return values
 
 
 @contextlib.contextmanager

@@ -35,7 +35,8 @@ def method_config(tree: dict, method: str, seed: int) -> dict:
     name, fixed = METHODS[method]
     tree = copy.deepcopy(tree)
     section = tree.get("algorithm") or {}
-    known = set(AlgorithmConfig.model_fields).union(*(ALGORITHMS.lookup(n).Params.model_fields for n, _ in METHODS.values()))
+    known = set(AlgorithmConfig.model_fields).union(*(ALGORITHMS.lookup(n).Params.model_fields
+                                                       for n, _ in METHODS.values()))
     unknown = sorted(k for k in section if k not in known)
     if unknown:
         raise ConfigError(f"algorithm.{unknown[0]}: unknown field (no one-shot method takes it)")
