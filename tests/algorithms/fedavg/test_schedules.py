@@ -25,5 +25,6 @@ def test_fedbuff_beats_synchronous_fedavg_only_when_speeds_differ(tmp_path):
 def test_the_command_refuses_a_config_without_a_buffered_schedule(tmp_path, capsys):
     quickstart = CONFIG.parent / "quickstart.yaml"
     assert main(["schedules", str(quickstart), "--out", str(tmp_path / "s")]) == 2
-    assert "schedule.kind: schedules compares against a buffered schedule" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "schedule.kind: schedules compares against a buffered schedule" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists()
