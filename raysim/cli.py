@@ -38,14 +38,14 @@ def numbers(text: str, kind: type[N], flag: str) -> list[N]:
 def input_errors(*kinds: type[Exception]) -> Iterator[None]:
     """A family command's mistakes in its input as UserErrors, which `main` prints in one line on stderr with exit
     status 2: what its own parsing raises (`kinds`, e.g. ValueError) becomes a ConfigError; a UserError passes."""
-    from raysim.errors import ConfigError, UserError
+    from raysim.errors import ConfigError, UserError, first_line
 
     try:
         yield
     except UserError:
         raise
     except kinds as e:
-        raise ConfigError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from e
+        raise ConfigError(first_line(e)) from e
 
 
 @app.command()

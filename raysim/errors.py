@@ -6,6 +6,12 @@ exception a caller would expect (ValueError, FileNotFoundError), so `except Valu
 from __future__ import annotations
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name when it has none): the reason a one-line
+    error quotes from a library's longer one."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 class UserError(Exception):
     """A mistake in what the user gave (a file, a field, a value); the message says which and what to do."""
 

@@ -129,8 +129,8 @@ def trained_model(run_dir: str | Path, best: bool = False) -> Trained:
 
 def export(run_dir: str | Path, out: str | Path | None = None, best: bool = False) -> tuple[Path, Trained]:
     """Write the run's trained model to `out` (default RUN/model.pt, or RUN/model.npz for array exports; into a
-    directory `out` under that name), atomically; returns the path and what was written. A model that is not all arrays raises ExportError
-    (see `model_arrays`) before anything is written."""
+    directory `out` under that name), atomically; returns the path and what was written. A model that is not all
+    arrays raises ExportError (see `model_arrays`) before anything is written."""
     import torch
 
     trained = trained_model(run_dir, best)

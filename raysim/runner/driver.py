@@ -16,7 +16,8 @@ import ray
 from raysim.callbacks import Callback, RoundCallback, RunContext, ServerView, build_callbacks
 from raysim.config import ExperimentConfig, dump_config, load_config, parse_override
 from raysim.data import build_federated, check_source
-from raysim.errors import ClusterError, ConfigError, DivergenceError, RunDirError, RunInterrupted, UserError
+from raysim.errors import (ClusterError, ConfigError, DivergenceError, RunDirError, RunInterrupted, UserError,
+                           first_line)
 from raysim.results import RunResult, RunWriter, new_run_dir
 from raysim.results.export import save_federated
 from raysim.round.experiment import Experiment, check_on
@@ -37,9 +38,8 @@ def ensure_ray(cfg: ExperimentConfig, address: str | None) -> bool:
     except (ValueError, ConnectionError) as e:
         if not where:
             raise
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ClusterError(f"{'--address' if address else 'cluster.address'} {where}: cannot join Ray there ({reason})"
-                           ) from e
+        flag = "--address" if address else "cluster.address"
+        raise ClusterError(f"{flag} {where}: cannot join Ray there ({first_line(e)})") from e
 
 
 def server_in_driver(cfg: ExperimentConfig, address: str | None) -> bool:

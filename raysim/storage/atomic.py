@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from raysim.errors import RunDirError
+from raysim.errors import RunDirError, first_line
 
 T = TypeVar("T")
 
@@ -69,5 +69,5 @@ def read_or_refuse(path: Path, read: Callable[[], T]) -> T:
     try:
         return read()
     except (OSError, ValueError, pa.ArrowException, yaml.YAMLError) as e:
-        problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        problem = first_line(e)
         raise RunDirError(f"{path}: damaged, cannot be read ({problem})") from e

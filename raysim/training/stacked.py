@@ -98,14 +98,14 @@ class StackedGrad:
     gradient `LocalSGD._loss` under vmap(grad) gives, for rows θ [k, d] and minibatches x [k, B, ...]."""
 
     def __init__(self, layers: list[tuple[str, nn.Module]], spec: ParamSpec,
-                 losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], l2: float, by_hand: bool = False):
-        """`by_hand`: `losses` is label cross-entropy's (`label_cross_entropy`) on class labels, and `l2` 0; then a
-        CPU's gradient goes without autograd (`by_hand`)."""
+                 losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], l2: float):
+        """`losses`: cross-entropy's (`stacked_grad` makes one for no other loss); on class labels without l2 a CPU's
+        gradient goes without autograd (`by_hand`, `grad_by_hand`)."""
         self.spec, self.losses, self.l2 = spec, losses, l2
         # each layer with its parameters' names, formed once rather than at every local step
         self.layers = [(layer, f"{name}.weight", f"{name}.bias") for name, layer in layers]
         # in place, an activation's autograd node takes its output where the out-of-place one takes its input
-        self.by_hand = by_hand and not l2 and not any(getattr(layer, "inplace", False) for _, layer in layers)
+        self.by_hand = not l2 and not any(getattr(layer, "inplace", False) for _, layer in layers)
 
     def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                 kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
@@ -176,4 +176,4 @@ def stacked_grad(module: nn.Module, feature_shape: tuple, spec: ParamSpec, loss:
     only vmap serves: other models, and the bce and mse losses, whose derivatives vmap batches otherwise
     (one_hot of labels runs one client at a time under vmap), so their bits would differ."""
     layers = chain_of(module, len(feature_shape))
-    return None if layers is None or loss != "ce" else StackedGrad(layers, spec, losses, l2, by_hand=True)
+    return None if layers is None or loss != "ce" else StackedGrad(layers, spec, losses, l2)
